@@ -1,0 +1,204 @@
+"""The AFD section of ``--additional-config``: parsed and validated once, at the edge.
+
+    vllm serve MODEL ... --additional-config '{"afd": {"role": "ffn", "port": 29650}}'
+
+Every bad value is an :class:`AFDConfigError` naming the key, the value and what is allowed,
+raised before any model or process group is built. Unknown keys are errors. Connector-specific
+settings live under ``connector_extra_config`` and are checked against the chosen connector's
+closed schema.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+AFD_KEY = "afd"
+
+
+class AFDConfigError(ValueError):
+    """A bad AFD setting; the message names the key, the value and what is allowed."""
+
+
+class Role(enum.Enum):
+    ATTENTION = "attention"
+    FFN = "ffn"
+
+
+@dataclass(frozen=True)
+class GlooExtraConfig:
+    """``connector_extra_config`` of the gloo connector."""
+
+    #: seconds to wait for the peer engine at start-up (either side may start first)
+    connect_timeout_s: float = 300.0
+    #: seconds any single send/receive may wait; a dead peer surfaces within this
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LoopbackExtraConfig:
+    """``connector_extra_config`` of the in-process loopback connector (no settings)."""
+
+
+#: connector name -> the type of its ``connector_extra_config``
+CONNECTORS: dict[str, type] = {
+    "GlooAFDConnector": GlooExtraConfig,
+    "LoopbackAFDConnector": LoopbackExtraConfig,
+}
+
+
+@dataclass(frozen=True)
+class AFDConfig:
+    """Validated AFD settings of one engine."""
+
+    #: which half of the model this engine serves
+    role: Role
+    #: connector class name, a key of CONNECTORS
+    connector: str = "GlooAFDConnector"
+    #: address the connector's rendezvous listens on (FFN rank 0 hosts it)
+    host: str = "127.0.0.1"
+    #: rendezvous port; the connector also uses the ports just above it
+    port: int = 29650
+    #: Attention workers in the deployment (DP x TP of the Attention engines)
+    num_attention_ranks: int = 1
+    #: FFN workers in the deployment
+    num_ffn_ranks: int = 1
+    #: run the MoE gate on Attention and send router logits with the hidden states
+    compute_gate_on_attention: bool = False
+    #: the connector's own settings, already validated
+    connector_extra_config: Any = field(default=None)
+
+    @property
+    def is_attention(self) -> bool:
+        return self.role is Role.ATTENTION
+
+    @property
+    def is_ffn(self) -> bool:
+        return self.role is Role.FFN
+
+
+def _where(key: str) -> str:
+    return f"additional_config.{AFD_KEY}.{key}"
+
+
+def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _integer(key: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: an integer in {low}..{high}")
+    return value
+
+
+def _boolean(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: true or false")
+    return value
+
+
+def _text(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: a non-empty string")
+    return value
+
+
+def _seconds(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: a number of seconds > 0")
+    return float(value)
+
+
+_EXTRA_FIELDS: dict[type, dict[str, Callable[[str, object], object]]] = {
+    GlooExtraConfig: {"connect_timeout_s": _seconds, "timeout_s": _seconds},
+    LoopbackExtraConfig: {},
+}
+
+
+def _extra(connector: str, value: object) -> Any:
+    schema = CONNECTORS[connector]
+    fields = _EXTRA_FIELDS[schema]
+    if not isinstance(value, Mapping):
+        raise AFDConfigError(f"{_where('connector_extra_config')}={value!r} is not allowed; allowed: a JSON object")
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        allowed = ", ".join(sorted(fields)) or "no keys"
+        raise AFDConfigError(
+            f"{_where('connector_extra_config')} has unknown key(s) {unknown} for {connector}; allowed: {allowed}"
+        )
+    return schema(**{k: fields[k](f"connector_extra_config.{k}", v) for k, v in value.items()})
+
+
+_FIELDS = (
+    "role",
+    "connector",
+    "host",
+    "port",
+    "num_attention_ranks",
+    "num_ffn_ranks",
+    "compute_gate_on_attention",
+    "connector_extra_config",
+)
+
+
+def parse_afd_config(section: object) -> AFDConfig:
+    """Validate the ``afd`` object of ``--additional-config``.
+
+    Raises:
+        AFDConfigError: on the first bad key or value.
+    """
+    if not isinstance(section, Mapping):
+        raise AFDConfigError(f"additional_config.{AFD_KEY}={section!r} is not allowed; allowed: a JSON object")
+    unknown = sorted(set(section) - set(_FIELDS))
+    if unknown:
+        raise AFDConfigError(
+            f"additional_config.{AFD_KEY} has unknown key(s) {unknown}; allowed: {', '.join(_FIELDS)} "
+            "(connector settings go under connector_extra_config)"
+        )
+    if "role" not in section:
+        raise AFDConfigError(f"{_where('role')} is required; allowed: attention, ffn")
+    role = Role(_choice("role", section["role"], tuple(r.value for r in Role)))
+    connector = _choice("connector", section.get("connector", AFDConfig.connector), tuple(CONNECTORS))
+    config = AFDConfig(
+        role=role,
+        connector=connector,
+        host=_text("host", section.get("host", AFDConfig.host)),
+        port=_integer("port", section.get("port", AFDConfig.port), 1, 65535),
+        num_attention_ranks=_integer("num_attention_ranks", section.get("num_attention_ranks", 1), 1, 4096),
+        num_ffn_ranks=_integer("num_ffn_ranks", section.get("num_ffn_ranks", 1), 1, 4096),
+        compute_gate_on_attention=_boolean(
+            "compute_gate_on_attention", section.get("compute_gate_on_attention", False)
+        ),
+        connector_extra_config=_extra(connector, section.get("connector_extra_config", {})),
+    )
+    a, f = config.num_attention_ranks, config.num_ffn_ranks
+    if a < f or a % f:
+        raise AFDConfigError(
+            f"{_where('num_attention_ranks')}={a} with {_where('num_ffn_ranks')}={f} is not allowed; "
+            "allowed: num_attention_ranks >= num_ffn_ranks and a multiple of it (e.g. 2A1F, 4A2F)"
+        )
+    return config
+
+
+def afd_config_from(additional_config: object) -> AFDConfig | None:
+    """The AFD config inside a ``VllmConfig.additional_config``, or None when AFD is off."""
+    if not isinstance(additional_config, Mapping) or AFD_KEY not in additional_config:
+        return None
+    return parse_afd_config(additional_config[AFD_KEY])
+
+
+def require_afd_config(additional_config: object, *, role: Role | None = None) -> AFDConfig:
+    """Like :func:`afd_config_from`, but AFD must be on (and, if given, in ``role``)."""
+    config = afd_config_from(additional_config)
+    if config is None:
+        raise AFDConfigError(
+            f"this AFD component needs --additional-config '{{\"{AFD_KEY}\": {{\"role\": \"attention\"|\"ffn\", ...}}}}'"
+        )
+    if role is not None and config.role is not role:
+        raise AFDConfigError(f"{_where('role')}={config.role.value!r} is not allowed here; allowed: {role.value!r}")
+    return config

@@ -1,0 +1,82 @@
+"""Parameter-free stand-ins for the parts of the model that run on the FFN role.
+
+On the Attention role the generated model puts a :class:`RemoteExperts` where vLLM's
+``FusedMoE`` experts would be, and a remote dense MLP where a dense ``DeepseekV2MLP`` would be.
+vLLM's native ``DeepseekV2MoE.forward`` and ``DeepseekV2DecoderLayer.forward`` run unchanged and
+call them like the modules they replace; they send the activations (and the router logits when
+the gate runs on Attention) through the connector and return what the FFN role computed.
+
+They derive from vLLM's ``PPMissingLayer``: to vLLM's loader and pipeline utilities they are
+layers this process does not own, which is exactly the case, so checkpoint tensors under them are
+skipped by vLLM's own rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from vllm.model_executor.models.utils import PPMissingLayer
+
+if TYPE_CHECKING:
+    from afd_models.connectors.base import AFDConnector
+
+
+class RemoteFFN(PPMissingLayer):
+    """The FFN part of layer ``layer_idx``, computed by the FFN role."""
+
+    def __init__(self, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.connector: AFDConnector | None = None
+
+    def extra_repr(self) -> str:
+        return f"layer_idx={self.layer_idx}"
+
+    def exchange(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+        if self.connector is None:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: no AFD connector is bound; the AFD Attention runner binds one "
+                "after loading the model (afd_models.models.remote.bind_connector)"
+            )
+        self.connector.send(self.layer_idx, hidden_states, router_logits)
+        return self.connector.recv(self.layer_idx, hidden_states)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.exchange(hidden_states, None)
+
+
+class RemoteExperts(RemoteFFN):
+    """Shaped like vLLM's MoE runner at the ``self.experts`` boundary of ``DeepseekV2MoE``.
+
+    With the gate on the FFN role it reports an internal router, so the native MoE forward
+    passes the hidden states only; with the gate on Attention it reports an external router,
+    the native forward runs the gate and this proxy sends the router logits too.
+    """
+
+    def __init__(self, layer_idx: int, *, gate_on_attention: bool):
+        super().__init__(layer_idx)
+        self.is_internal_router = not gate_on_attention
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.exchange(hidden_states, None if self.is_internal_router else router_logits)
+
+    def update_expert_map(self) -> None:
+        """EPLB hook of the MoE runner interface: the experts are remote, nothing to remap here."""
+
+
+def remote_layers(model: nn.Module) -> Iterator[RemoteFFN]:
+    for module in model.modules():
+        if isinstance(module, RemoteFFN):
+            yield module
+
+
+def bind_connector(model: nn.Module, connector: AFDConnector) -> list[int]:
+    """Give every proxy of ``model`` the connector; returns the remote layer indices, in order."""
+    layers = []
+    for proxy in remote_layers(model):
+        proxy.connector = connector
+        layers.append(proxy.layer_idx)
+    return layers

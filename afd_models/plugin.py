@@ -1,0 +1,58 @@
+"""The ``vllm.general_plugins`` entry point: register the AFD model classes under AFD names.
+
+vLLM calls :func:`register` in every process it starts. Native architecture names keep resolving
+to vLLM's own classes; the AFD workers ask for the ``AFD``-prefixed names below. Registration is
+by ``"module:Class"`` string, so nothing is imported until a worker builds the model.
+"""
+
+from __future__ import annotations
+
+GENERATED_MODELS = "afd_models._generated.vllm.model_executor.models.deepseek_v2"
+
+#: native architecture -> (AFD architecture name, generated class)
+AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "DeepseekForCausalLM": ("AFDDeepseekForCausalLM", "AFDDeepseekForCausalLM"),
+    "DeepseekV2ForCausalLM": ("AFDDeepseekV2ForCausalLM", "AFDDeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("AFDDeepseekV3ForCausalLM", "AFDDeepseekV3ForCausalLM"),
+    # vLLM 0.26 serves V3.2 with its V3 class (the sparse indexer is switched by the config)
+    "DeepseekV32ForCausalLM": ("AFDDeepseekV32ForCausalLM", "AFDDeepseekV3ForCausalLM"),
+}
+
+
+def registrations() -> dict[str, str]:
+    """AFD architecture name -> ``module:Class`` path, as registered."""
+    return {afd: f"{GENERATED_MODELS}:{cls}" for afd, cls in AFD_ARCHITECTURES.values()}
+
+
+def afd_architecture(native: str) -> str:
+    """The AFD architecture name for a native one.
+
+    Raises:
+        ValueError: the architecture has no AFD model.
+    """
+    if native not in AFD_ARCHITECTURES:
+        raise ValueError(
+            f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(AFD_ARCHITECTURES))}"
+        )
+    return AFD_ARCHITECTURES[native][0]
+
+
+def register() -> None:
+    """Register every AFD architecture once; safe to call again (vLLM may, per process).
+
+    Raises:
+        RuntimeError: another plugin registered one of our names with a different class
+            (vLLM would silently let the later registration win).
+    """
+    import afd_models  # noqa: F401  (fails loudly if the generated code is missing or stale)
+    from vllm import ModelRegistry
+
+    existing = ModelRegistry.models
+    for name, path in registrations().items():
+        current = existing.get(name)
+        if current is not None:
+            current_path = f"{getattr(current, 'module_name', '')}:{getattr(current, 'class_name', '')}"
+            if current_path != path:
+                raise RuntimeError(f"architecture {name!r} is already registered as {current_path}, not {path}")
+            continue
+        ModelRegistry.register_model(name, path)

@@ -1,0 +1,279 @@
+"""Tiny random DeepSeek checkpoints (HF layout) with a locally trained tokenizer.
+
+Tests, the demo and benchmarks build their models here; nothing comes from a hub.
+
+    python -m afd_models.testing.tiny_models OUT_DIR [--variant v2] [--seed 0] [--dtype bfloat16]
+
+Each variant is a small config that exercises one part of vLLM's DeepSeek code path. Tensor
+names follow the original DeepSeek checkpoints (per-expert ``experts.E.{gate,up,down}_proj``,
+``q_a_proj``/``kv_a_proj_with_mqa``/``kv_b_proj``, ``e_score_correction_bias``), so vLLM's real
+loader (stacked projections, expert mapping) runs on them. With MLA disabled
+(``VLLM_MLA_DISABLE=1``, required on CPU) the attention head size is
+``qk_nope_head_dim + qk_rope_head_dim`` and must be one CPU attention supports (64 here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: The config every variant starts from: DeepSeek-V2 style, 3 layers (1 dense + 2 MoE).
+BASE_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "scoring_func": "softmax",
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+    "q_lora_rank": 96,
+    "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 32,
+    "v_head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 3,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+
+#: Named variants: the changes each makes to BASE_CONFIG.
+VARIANTS: dict[str, dict[str, Any]] = {
+    # DeepSeek-V2: softmax greedy routing, one shared expert.
+    "v2": {},
+    # DeepSeek-V3: sigmoid scores with correction bias (noaux_tc), grouped top-k over 4 groups,
+    # renormalized top-k weights and a routed scaling factor.
+    "v3": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 4,
+        "topk_group": 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+    },
+    # No shared experts, two dense layers first, V2-Lite style attention (no q LoRA).
+    "v2-lite-noshared": {
+        "num_hidden_layers": 4,
+        "first_k_dense_replace": 2,
+        "n_shared_experts": None,
+        "q_lora_rank": None,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.5,
+    },
+    # Grouped greedy routing with two shared experts.
+    "v2-grouped": {
+        "topk_method": "group_limited_greedy",
+        "n_group": 2,
+        "topk_group": 1,
+        "n_shared_experts": 2,
+    },
+}
+
+SPECIAL_TOKENS = ("<s>", "</s>", "<unk>", "<pad>")
+
+# Text the tokenizer is trained on: our own words, fixed, so every build gives the same vocabulary.
+_CORPUS = """
+Attention-FFN disaggregation serves one mixture-of-experts model as two cooperating deployments.
+The attention ranks own the scheduler, the key-value cache and the attention layers; the FFN ranks
+own the experts. For every MoE layer the hidden states cross a connector and come back, and the
+router logits travel with them when the gate runs on the attention side. A tiny model keeps the
+tests fast: a few layers, a handful of experts, random weights from a fixed seed, and a small
+byte-level vocabulary trained on this very paragraph. The quick brown fox jumps over the lazy dog.
+Hello world, the license grants permission to use, copy, modify and distribute this software.
+Numbers like 0 1 2 3 4 5 6 7 8 9 10 100 1000 and words like model, layer, expert, token, batch,
+prefill, decode, sample, greedy, request, response, server, client, engine, worker, runner, rank,
+tensor, shape, dtype, float, bfloat16, float32, connector, gloo, process, group, timeout, error.
+"""
+
+
+def tiny_config(variant: str = "v2", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The HF config dict of a variant, with optional key overrides.
+
+    Raises:
+        ValueError: unknown variant name.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not a tiny model variant; allowed: {sorted(VARIANTS)}")
+    config = dict(BASE_CONFIG)
+    config.update(VARIANTS[variant])
+    config.update(overrides or {})
+    return config
+
+
+def is_moe_layer(config: Mapping[str, Any], layer: int) -> bool:
+    """Whether vLLM builds layer ``layer`` as an MoE block (same rule as DeepseekV2DecoderLayer)."""
+    return (
+        config.get("n_routed_experts") is not None
+        and layer >= config["first_k_dense_replace"]
+        and layer % config.get("moe_layer_freq", 1) == 0
+    )
+
+
+def build_weights(config: Mapping[str, Any], seed: int, dtype: str = "bfloat16") -> dict[str, Any]:
+    """Random checkpoint tensors for ``config``, reproducible from ``seed``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    torch_dtype = getattr(torch, dtype)
+    std = config["initializer_range"]
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    qk_head = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * std).to(torch_dtype)
+
+    def ones(size: int) -> torch.Tensor:
+        return torch.ones(size, dtype=torch_dtype)
+
+    weights: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": ones(hidden),
+        "lm_head.weight": rand(vocab, hidden),
+    }
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        weights[prefix + "input_layernorm.weight"] = ones(hidden)
+        weights[prefix + "post_attention_layernorm.weight"] = ones(hidden)
+        attn = prefix + "self_attn."
+        if config["q_lora_rank"] is None:
+            weights[attn + "q_proj.weight"] = rand(heads * qk_head, hidden)
+        else:
+            weights[attn + "q_a_proj.weight"] = rand(config["q_lora_rank"], hidden)
+            weights[attn + "q_a_layernorm.weight"] = ones(config["q_lora_rank"])
+            weights[attn + "q_b_proj.weight"] = rand(heads * qk_head, config["q_lora_rank"])
+        weights[attn + "kv_a_proj_with_mqa.weight"] = rand(
+            config["kv_lora_rank"] + config["qk_rope_head_dim"], hidden
+        )
+        weights[attn + "kv_a_layernorm.weight"] = ones(config["kv_lora_rank"])
+        weights[attn + "kv_b_proj.weight"] = rand(
+            heads * (config["qk_nope_head_dim"] + config["v_head_dim"]), config["kv_lora_rank"]
+        )
+        weights[attn + "o_proj.weight"] = rand(hidden, heads * config["v_head_dim"])
+        mlp = prefix + "mlp."
+        if not is_moe_layer(config, layer):
+            inner = config["intermediate_size"]
+            weights[mlp + "gate_proj.weight"] = rand(inner, hidden)
+            weights[mlp + "up_proj.weight"] = rand(inner, hidden)
+            weights[mlp + "down_proj.weight"] = rand(hidden, inner)
+            continue
+        experts, inner = config["n_routed_experts"], config["moe_intermediate_size"]
+        weights[mlp + "gate.weight"] = rand(experts, hidden)
+        if config.get("topk_method") == "noaux_tc":
+            bias = torch.randn(experts, generator=generator) * 0.1
+            weights[mlp + "gate.e_score_correction_bias"] = bias.to(torch.float32)
+        for expert in range(experts):
+            name = f"{mlp}experts.{expert}."
+            weights[name + "gate_proj.weight"] = rand(inner, hidden)
+            weights[name + "up_proj.weight"] = rand(inner, hidden)
+            weights[name + "down_proj.weight"] = rand(hidden, inner)
+        if config.get("n_shared_experts"):
+            shared = inner * config["n_shared_experts"]
+            weights[mlp + "shared_experts.gate_proj.weight"] = rand(shared, hidden)
+            weights[mlp + "shared_experts.up_proj.weight"] = rand(shared, hidden)
+            weights[mlp + "shared_experts.down_proj.weight"] = rand(hidden, shared)
+    return weights
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int) -> int:
+    """Train a byte-level BPE tokenizer on the fixed corpus and save it; returns its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS.strip().splitlines(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    fast.save_pretrained(str(out_dir))
+    return int(tokenizer.get_vocab_size())
+
+
+def write_tiny_model(
+    out_dir: str | Path,
+    variant: str = "v2",
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    overrides: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write config, safetensors weights, tokenizer and generation config to ``out_dir``.
+
+    Returns:
+        The model directory, ready for ``vllm serve`` / ``vllm.LLM``.
+    """
+    from safetensors.torch import save_file
+
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: bfloat16, float16, float32")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = tiny_config(variant, overrides)
+    config["torch_dtype"] = dtype
+    token_count = build_tokenizer(out, config["vocab_size"])
+    if token_count > config["vocab_size"]:
+        raise ValueError(f"tokenizer has {token_count} tokens, more than vocab_size={config['vocab_size']}")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    save_file(build_weights(config, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write a tiny random DeepSeek checkpoint.")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--variant", default="v2", choices=sorted(VARIANTS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    args = parser.parse_args(argv)
+    path = write_tiny_model(args.out_dir, args.variant, seed=args.seed, dtype=args.dtype)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,7 @@
+"""``python -m codegen``."""
+
+import sys
+
+from codegen.cli import main
+
+sys.exit(main())

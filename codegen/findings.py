@@ -1,0 +1,224 @@
+"""The one vocabulary of every check: finding kinds with stable codes, severities, exit codes.
+
+Detection code yields :class:`Finding` objects; renderers (text, JSON, Markdown, SARIF) only
+format them. Filter and count by ``code``, never by message text.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(enum.Enum):
+    """How a finding affects the exit code."""
+
+    INFO = "info"
+    REVIEW = "review"
+    BLOCK = "block"
+
+    @property
+    def rank(self) -> int:
+        return {"info": 0, "review": 1, "block": 2}[self.value]
+
+
+class Kind(enum.Enum):
+    """Finding kinds. The value is the stable code; ``describe`` reads as a sentence."""
+
+    # overlay declarations
+    OVERLAY_INVALID = "OVL001"
+    BASE_UNKNOWN = "OVL002"
+    TARGET_MISSING = "OVL003"
+    EXTEND_SHADOWS = "OVL004"
+    NAME_CLASH = "OVL005"
+    UNBOUND_NAME = "OVL006"
+    # signatures
+    PARAM_ADDED = "SIG001"
+    PARAM_REMOVED = "SIG002"
+    PARAM_RENAMED = "SIG003"
+    PARAM_KIND = "SIG004"
+    PARAM_DEFAULT = "SIG005"
+    PARAM_ANNOTATION = "SIG006"
+    RETURN_ANNOTATION = "SIG007"
+    DECORATORS = "SIG008"
+    ASYNC = "SIG009"
+    DELTA_UNUSED = "SIG010"
+    DELTA_INEXACT = "SIG011"
+    PARAM_ORDER = "SIG012"
+    # anchors
+    ANCHOR_INVALID = "ANC001"
+    ANCHOR_LOST = "ANC002"
+    ANCHOR_COUNT = "ANC003"
+    # lock and generated files
+    LOCK_MISSING = "LCK001"
+    LOCK_DIFFERS = "LCK002"
+    GENERATED_MISSING = "GEN001"
+    GENERATED_STALE = "GEN002"
+    # runtime (vLLM importable)
+    RUNTIME_UNAVAILABLE = "RT001"
+    RUNTIME_IMPORT = "RT002"
+    RUNTIME_SIGNATURE = "RT003"
+    RUNTIME_SHADOWS = "RT004"
+    # dotted paths
+    PATH_IMPORT = "PTH001"
+    PATH_BASE = "PTH002"
+    # monkey patches
+    PATCH_ATTRIBUTE = "MP001"
+    PATCH_SETATTR = "MP002"
+    PATCH_SYS_MODULES = "MP003"
+    PATCH_MOCK = "MP004"
+    # upstream source
+    UPSTREAM_MISSING = "UPS001"
+    UPSTREAM_HASH = "UPS002"
+    # the tool itself
+    INTERNAL_ERROR = "TOOL001"
+
+    @property
+    def code(self) -> str:
+        return self.value
+
+    @property
+    def describe(self) -> str:
+        return _DESCRIPTIONS[self]
+
+
+_DESCRIPTIONS: dict[Kind, str] = {
+    Kind.OVERLAY_INVALID: "the overlay declaration is not valid",
+    Kind.BASE_UNKNOWN: "the overlay names a base class that upstream does not define",
+    Kind.TARGET_MISSING: "an override or fork names a member upstream does not have",
+    Kind.EXTEND_SHADOWS: "an extend name already exists in upstream's MRO",
+    Kind.NAME_CLASH: "a generated module would bind one name to two objects",
+    Kind.UNBOUND_NAME: "generated code uses a name nothing binds",
+    Kind.PARAM_ADDED: "a parameter was added",
+    Kind.PARAM_REMOVED: "a parameter was removed",
+    Kind.PARAM_RENAMED: "a parameter was renamed",
+    Kind.PARAM_KIND: "a parameter changed kind",
+    Kind.PARAM_DEFAULT: "a parameter default changed",
+    Kind.PARAM_ANNOTATION: "a parameter annotation changed",
+    Kind.RETURN_ANNOTATION: "the return annotation changed",
+    Kind.DECORATORS: "the decorators differ",
+    Kind.ASYNC: "one side is async and the other is not",
+    Kind.PARAM_ORDER: "parameters were reordered",
+    Kind.DELTA_UNUSED: "a declared signature delta explains no difference",
+    Kind.DELTA_INEXACT: "a declared signature delta does not match the difference exactly",
+    Kind.ANCHOR_INVALID: "an anchor pattern or edit code does not parse",
+    Kind.ANCHOR_LOST: "an anchor matches nothing",
+    Kind.ANCHOR_COUNT: "an anchor matches a different number of times than declared",
+    Kind.LOCK_MISSING: "the lock file is missing",
+    Kind.LOCK_DIFFERS: "the lock differs from a regeneration",
+    Kind.GENERATED_MISSING: "generated code is missing",
+    Kind.GENERATED_STALE: "generated code differs from a regeneration",
+    Kind.RUNTIME_UNAVAILABLE: "vLLM is not importable, runtime checks did not run",
+    Kind.RUNTIME_IMPORT: "a generated or upstream symbol does not import",
+    Kind.RUNTIME_SIGNATURE: "the runtime signature differs from upstream",
+    Kind.RUNTIME_SHADOWS: "an extend name exists on the live upstream class",
+    Kind.PATH_IMPORT: "a dotted class path does not import",
+    Kind.PATH_BASE: "a dotted class path does not derive from its claimed upstream base",
+    Kind.PATCH_ATTRIBUTE: "an attribute of an upstream module or class is assigned",
+    Kind.PATCH_SETATTR: "setattr is called on an upstream module or class",
+    Kind.PATCH_SYS_MODULES: "sys.modules is rebound",
+    Kind.PATCH_MOCK: "a mock patch targets an upstream module or class",
+    Kind.UPSTREAM_MISSING: "the pinned upstream source is not available",
+    Kind.UPSTREAM_HASH: "an upstream file does not match its pinned hash",
+    Kind.INTERNAL_ERROR: "the tool failed",
+}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in a file; ``line`` is 1-based, 0 when unknown."""
+
+    path: str
+    line: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}" if self.line else self.path
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of a check."""
+
+    #: what kind of problem this is
+    kind: Kind
+    #: how it affects the exit code
+    severity: Severity
+    #: the dotted symbol the finding is about (upstream or generated)
+    symbol: str
+    #: the problem as a sentence, fix last
+    message: str
+    #: where in our files (overlay, generated, runtime)
+    ours: Location | None = None
+    #: where in upstream
+    upstream: Location | None = None
+    #: old / expected value, when there is one
+    old: str | None = None
+    #: new / actual value, when there is one
+    new: str | None = None
+    #: extra lines shown in verbose output (diffs, tracebacks)
+    details: tuple[str, ...] = field(default=())
+
+    @property
+    def code(self) -> str:
+        return self.kind.code
+
+    def one_line(self) -> str:
+        where = f" [{self.ours}]" if self.ours else (f" [{self.upstream}]" if self.upstream else "")
+        return f"{self.severity.value:6} {self.code} {self.symbol}: {self.message}{where}"
+
+    def verbose(self) -> str:
+        lines = [self.one_line()]
+        if self.upstream:
+            lines.append(f"    upstream: {self.upstream}")
+        if self.ours:
+            lines.append(f"    ours:     {self.ours}")
+        if self.old is not None:
+            lines.append(f"    expected: {self.old}")
+        if self.new is not None:
+            lines.append(f"    actual:   {self.new}")
+        lines.extend("    " + line for line in self.details)
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "kind": self.kind.name.lower(),
+            "severity": self.severity.value,
+            "symbol": self.symbol,
+            "message": self.message,
+            "ours": str(self.ours) if self.ours else None,
+            "upstream": str(self.upstream) if self.upstream else None,
+            "old": self.old,
+            "new": self.new,
+            "details": list(self.details),
+        }
+
+
+EXIT_OK = 0
+EXIT_REVIEW = 1
+EXIT_BLOCK = 2
+EXIT_TOOL_ERROR = 3
+
+
+def exit_code(findings: Iterable[Finding]) -> int:
+    """0 clean (info only), 1 something to review, 2 something blocks. Errors of the tool are 3."""
+    worst = max((f.severity.rank for f in findings), default=0)
+    return {0: EXIT_OK, 1: EXIT_REVIEW, 2: EXIT_BLOCK}[worst]
+
+
+def summary(findings: Iterable[Finding]) -> str:
+    """One line of counts, e.g. ``2 block, 1 review, 0 info``."""
+    counts = {s: 0 for s in Severity}
+    for f in findings:
+        counts[f.severity] += 1
+    return ", ".join(f"{counts[s]} {s.value}" for s in (Severity.BLOCK, Severity.REVIEW, Severity.INFO))
+
+
+class CodegenError(Exception):
+    """A failure that stops a command and carries findings to report (not a tool crash)."""
+
+    def __init__(self, findings: list[Finding]):
+        super().__init__("; ".join(f.one_line() for f in findings))
+        self.findings = findings

@@ -1,0 +1,332 @@
+"""The generator: overlay declarations + pinned upstream source -> generated subclasses, lock, findings.
+
+``generate`` works in memory and never writes; ``codegen.output`` writes the result atomically.
+One failing class does not stop the others: every problem becomes a finding, and any blocking
+finding means the caller writes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from codegen.checks.signatures import check_signature
+from codegen.edit import EditError, SuperRewriter, anchor_lines, apply_edits, parse_method
+from codegen.findings import Finding, Kind, Location, Severity
+from codegen.index import Member, UpstreamIndex
+from codegen.model import (
+    AnchorMatch,
+    GeneratedClass,
+    GeneratedMember,
+    MemberDecl,
+    MemberKind,
+    OverlayClass,
+    OverlayModule,
+    SymbolRef,
+)
+from codegen.names import ModuleNamespace, global_names
+from codegen.overlay import OverlayError, load_overlay, overlay_files
+from codegen.pattern import PatternError, parse_pattern
+
+GENERATED_ROOT = Path("afd_models/_generated")
+LOCK_PATH = Path("overlay/overlay.lock")
+PINS_PATH = Path("overlay/pins.toml")
+#: Hand-written runtime whose upstream imports the lock records.
+RUNTIME_ROOT = Path("afd_models")
+
+
+@dataclass
+class Generation:
+    """Everything one generation produced, in memory."""
+
+    overlays: list[OverlayModule] = field(default_factory=list)
+    classes: list[GeneratedClass] = field(default_factory=list)
+    #: one namespace per generated module
+    namespaces: dict[str, ModuleNamespace] = field(default_factory=dict)
+    #: repo-relative path -> file content (filled by codegen.emit)
+    files: dict[str, str] = field(default_factory=dict)
+    #: the lock document (filled by codegen.lock)
+    lock: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    #: upstream symbols the hand-written runtime imports: ref -> files
+    runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)
+
+    @property
+    def blocked(self) -> bool:
+        return any(f.severity is Severity.BLOCK for f in self.findings)
+
+
+def generator_digest() -> str:
+    """sha256 of the generator's own source: a new generator may produce new output."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def build(repo_root: Path, index: UpstreamIndex) -> Generation:
+    """Load overlays and build every generated class (no text yet)."""
+    result = Generation()
+    for path in overlay_files(repo_root):
+        try:
+            overlay = load_overlay(repo_root, path)
+        except OverlayError as exc:
+            for problem in exc.problems:
+                result.findings.append(
+                    Finding(Kind.OVERLAY_INVALID, Severity.BLOCK, str(problem.path), problem.message, Location(str(problem.path), problem.line))
+                )
+            continue
+        result.overlays.append(overlay)
+        if index.module(overlay.upstream_module) is None:
+            result.findings.append(
+                Finding(
+                    Kind.OVERLAY_INVALID,
+                    Severity.BLOCK,
+                    overlay.upstream_module,
+                    f"{path} mirrors {overlay.upstream_module}, which the pinned upstream does not have",
+                    Location(str(path), 1),
+                )
+            )
+            continue
+        namespace = ModuleNamespace(overlay.generated_module, index, dict(overlay.imported))
+        namespace.generated = {c.generated_name(b) for c in overlay.classes for b in c.bases}
+        result.namespaces[overlay.generated_module] = namespace
+        for overlay_class in overlay.classes:
+            for base in overlay_class.bases:
+                built = _build_class(index, overlay, overlay_class, base, namespace, result.findings)
+                if built is not None:
+                    result.classes.append(built)
+        result.findings.extend(namespace.findings)
+    result.runtime_imports = runtime_upstream_imports(repo_root, index)
+    return result
+
+
+def _build_class(
+    index: UpstreamIndex,
+    overlay: OverlayModule,
+    overlay_class: OverlayClass,
+    base: SymbolRef,
+    namespace: ModuleNamespace,
+    findings: list[Finding],
+) -> GeneratedClass | None:
+    name = overlay_class.generated_name(base)
+    where = Location(str(overlay.path), overlay_class.line)
+    resolved = index.resolve(base.module, base.qualname) if index.owns(base.module) else None
+    if resolved is None or not index.is_indexed_class(resolved):
+        findings.append(
+            Finding(
+                Kind.BASE_UNKNOWN,
+                Severity.BLOCK,
+                str(base),
+                f"{overlay_class.name} names base {base}, which is not an upstream class",
+                where,
+            )
+        )
+        return None
+    base = resolved
+    namespace.require_class(base, f"{overlay.generated_module}:{name}", where)
+    for decorator in overlay_class.decorators:
+        for used in global_names(decorator.decorator):
+            namespace.require_ours(used, f"{overlay.generated_module}:{name}", where)
+    members: list[GeneratedMember] = []
+    visible = index.all_members(base)
+    for decl in overlay_class.members:
+        member = _build_member(index, overlay, name, base, decl, visible, namespace, findings)
+        if member is not None:
+            members.append(member)
+    declared = {d.name for d in overlay_class.members}
+    inherited = {n: m.ref for n, m in sorted(visible.items()) if m.is_method and n not in declared}
+    for relied in overlay_class.relies_on:
+        if relied not in inherited:
+            findings.append(
+                Finding(
+                    Kind.OVERLAY_INVALID,
+                    Severity.BLOCK,
+                    f"{overlay.generated_module}:{name}",
+                    f"relies_on names {relied!r}, which is not an inherited upstream method of {base}",
+                    where,
+                )
+            )
+    return GeneratedClass(
+        name=name,
+        module=overlay.generated_module,
+        base=base,
+        overlay=overlay_class,
+        overlay_path=overlay.path,
+        members=tuple(members),
+        inherited=inherited,
+    )
+
+
+def _build_member(
+    index: UpstreamIndex,
+    overlay: OverlayModule,
+    class_name: str,
+    base: SymbolRef,
+    decl: MemberDecl,
+    visible: dict[str, Member],
+    namespace: ModuleNamespace,
+    findings: list[Finding],
+) -> GeneratedMember | None:
+    symbol = f"{overlay.generated_module}:{class_name}.{decl.name}"
+    ours_at = Location(str(overlay.path), decl.line)
+    upstream = visible.get(decl.name)
+    if decl.kind in (MemberKind.EXTEND, MemberKind.EXTEND_ATTR):
+        if upstream is not None:
+            findings.append(
+                Finding(
+                    Kind.EXTEND_SHADOWS,
+                    Severity.BLOCK,
+                    symbol,
+                    f"extends {decl.name!r}, but {upstream.ref} already defines it; rename ours or declare an override",
+                    ours_at,
+                    Location(str(upstream.module.path), upstream.line),
+                )
+            )
+            return None
+        _require_ours(decl.node, symbol, ours_at, namespace)
+        return GeneratedMember(decl, None, None, decl.node)
+    if upstream is None:
+        findings.append(
+            Finding(
+                Kind.TARGET_MISSING,
+                Severity.BLOCK,
+                symbol,
+                f"{decl.kind.value} of {decl.name!r}, which {base} and its upstream bases do not define",
+                ours_at,
+            )
+        )
+        return None
+    upstream_at = Location(str(upstream.module.path), upstream.line)
+    if decl.kind is MemberKind.OVERRIDE_ATTR:
+        if upstream.is_method:
+            findings.append(
+                Finding(Kind.OVERLAY_INVALID, Severity.BLOCK, symbol, f"{upstream.ref} is a method, not an attribute", ours_at, upstream_at)
+            )
+            return None
+        _require_ours(decl.node, symbol, ours_at, namespace)
+        return GeneratedMember(decl, upstream.ref, None, decl.node)
+    if not upstream.is_method:
+        findings.append(
+            Finding(Kind.OVERLAY_INVALID, Severity.BLOCK, symbol, f"{upstream.ref} is an attribute; use override_attr", ours_at, upstream_at)
+        )
+        return None
+    upstream_signature = upstream.signature()
+    assert decl.signature is not None
+    findings.extend(
+        check_signature(symbol, upstream_signature, decl.signature, decl.deltas, ours_at=ours_at, upstream_at=upstream_at)
+    )
+    if decl.kind is MemberKind.OVERRIDE:
+        _require_ours(decl.node, symbol, ours_at, namespace)
+        return GeneratedMember(decl, upstream.ref, upstream_signature, decl.node)
+    return _fork(upstream, decl, symbol, ours_at, upstream_at, namespace, findings)
+
+
+def _require_ours(node: cst.CSTNode, symbol: str, at: Location, namespace: ModuleNamespace) -> None:
+    for used in sorted(global_names(node)):
+        namespace.require_ours(used, symbol, at)
+
+
+def _fork(
+    upstream: Member,
+    decl: MemberDecl,
+    symbol: str,
+    ours_at: Location,
+    upstream_at: Location,
+    namespace: ModuleNamespace,
+    findings: list[Finding],
+) -> GeneratedMember | None:
+    first_line = min([upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))])
+    parsed = parse_method(upstream.source(), first_line)
+    anchors: list[AnchorMatch] = []
+    for edit in decl.edits:
+        try:
+            lines, codes = anchor_lines(parsed, parse_pattern(edit.anchor))
+        except PatternError as exc:
+            findings.append(Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, f"{symbol}#{edit.id}", str(exc), ours_at, upstream_at))
+            return None
+        anchors.append(AnchorMatch(edit, tuple(lines), tuple(codes)))
+    try:
+        function = apply_edits(parsed.function, decl.edits)
+    except EditError as exc:
+        kind = Kind.ANCHOR_LOST if exc.found == 0 else Kind.ANCHOR_COUNT
+        findings.append(
+            Finding(kind, Severity.BLOCK, f"{symbol}#{exc.edit.id}", str(exc), ours_at, upstream_at, old=str(exc.edit.count), new=str(exc.found))
+        )
+        return None
+    except PatternError as exc:
+        findings.append(Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, symbol, str(exc), ours_at, upstream_at))
+        return None
+    assert isinstance(upstream.node, ast.FunctionDef | ast.AsyncFunctionDef)
+    defining = SymbolRef(upstream.ref.module, upstream.ref.qualname.rsplit(".", 1)[0])
+    params = upstream.node.args.posonlyargs + upstream.node.args.args
+    is_static = any(ast.unparse(d) == "staticmethod" for d in upstream.node.decorator_list)
+    if params and not is_static:
+        rewriter = SuperRewriter(defining.qualname, params[0].arg)
+        function = function.visit(rewriter)
+        if rewriter.count:
+            namespace.require_class(defining, symbol, ours_at)
+    assert isinstance(function, cst.FunctionDef) and isinstance(decl.node, cst.FunctionDef)
+    function = function.with_changes(
+        params=decl.node.params,
+        returns=decl.node.returns,
+        decorators=decl.node.decorators,
+        leading_lines=(),
+        asynchronous=decl.node.asynchronous,
+    )
+    pinned_names = global_names(parsed.function)
+    for used in sorted(global_names(function)):
+        if used in pinned_names:
+            namespace.require_upstream(used, upstream.module.name, symbol, ours_at)
+        else:
+            namespace.require_ours(used, symbol, ours_at)
+    return GeneratedMember(decl, upstream.ref, upstream.signature(), function, tuple(anchors))
+
+
+def runtime_upstream_imports(repo_root: Path, index: UpstreamIndex) -> dict[SymbolRef, list[str]]:
+    """Upstream names the hand-written runtime imports (``from vllm... import X``), resolved."""
+    found: dict[SymbolRef, list[str]] = {}
+    root = repo_root / RUNTIME_ROOT
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(repo_root)
+        if GENERATED_ROOT in relative.parents:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level and index.owns(node.module):
+                for alias in node.names:
+                    ref = index.resolve(node.module, alias.name) or SymbolRef(node.module, alias.name)
+                    found.setdefault(ref, []).append(f"{relative.as_posix()}:{node.lineno}")
+    return found
+
+
+def upstream_files(index: UpstreamIndex) -> dict[str, dict[str, str]]:
+    """package -> {file: sha256} for every upstream module the generation read."""
+    files: dict[str, dict[str, str]] = {}
+    for info in index.loaded():
+        files.setdefault(info.name.split(".", 1)[0], {})[info.path.as_posix()] = info.sha256
+    return files
+
+
+def overlay_hashes(repo_root: Path) -> dict[str, str]:
+    """sha256 of each overlay file, by repo-relative path."""
+    return {p.as_posix(): hashlib.sha256((repo_root / p).read_bytes()).hexdigest() for p in overlay_files(repo_root)}
+
+
+def inputs_digest(repo_root: Path, overlays: dict[str, str], upstream: dict[str, dict[str, str]]) -> str:
+    """What the output depends on: generator, pins, overlays, upstream files (all by hash)."""
+    digest = hashlib.sha256()
+    digest.update(generator_digest().encode())
+    digest.update((repo_root / PINS_PATH).read_bytes())
+    for path, sha in sorted(overlays.items()):
+        digest.update(f"{path}:{sha}".encode())
+    for package in sorted(upstream):
+        for path, sha in sorted(upstream[package].items()):
+            digest.update(f"{path}:{sha}".encode())
+    return digest.hexdigest()

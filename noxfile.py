@@ -1,0 +1,108 @@
+"""Project sessions. `nox -l` lists them; README.md says which two a newcomer needs.
+
+Two kinds of environment:
+
+* the **CPU env** (vLLM 0.26.0 on the CPU platform, ~6 GB) built by tools/cpu_env.py outside the
+  checkout and reused by every clone (a stamp records its recipe); `tests`, `check` and `demo`
+  run in it;
+* small nox venvs (`reuse_venv`) for the source-only tools: `regenerate`, `drift`, `audit` read
+  upstream vLLM from its wheel in the download cache and never import it; `lint` runs ruff and mypy.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import cpu_env  # noqa: E402
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_venv = "yes"
+
+#: Test directories in the order they run: cheapest tiers first.
+TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
+#: Tiers `nox -s tests` must run here; a skip of one of these is an error, not a pass.
+REQUIRED_TIERS = ("unit", "upstream", "cpu", "e2e_cpu")
+
+
+def _cpu_python(session: nox.Session) -> str:
+    """Create or reuse the CPU env (progress on stderr) and return its python."""
+    session.log("preparing the CPU env (vllm 0.26.0+cpu); first run installs ~6 GB")
+    return str(cpu_env.ensure(ROOT))
+
+
+def _regenerate_with(session: nox.Session, python: str) -> None:
+    session.run(python, "-m", "codegen", "regenerate", external=True)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Run every test tier this machine can run (unit, upstream, cpu, e2e_cpu; gpu/npu skip with a reason)."""
+    python = _cpu_python(session)
+    _regenerate_with(session, python)
+    paths = [f"tests/{tier}" for tier in TEST_TIERS]
+    session.run(
+        python,
+        "-m",
+        "pytest",
+        *paths,
+        *session.posargs,
+        external=True,
+        env={"AFD_REQUIRED_TIERS": ",".join(REQUIRED_TIERS)},
+    )
+
+
+@nox.session(venv_backend="none")
+def check(session: nox.Session) -> None:
+    """`python -m codegen check` in the CPU env: signatures (static and runtime), lock, dotted paths, no monkey patches."""
+    python = _cpu_python(session)
+    session.run(python, "-m", "codegen", "check", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def demo(session: nox.Session) -> None:
+    """Build a tiny DeepSeek model, serve it as an AFD Attention+FFN pair and a plain baseline, compare."""
+    python = _cpu_python(session)
+    _regenerate_with(session, python)
+    session.run(python, "-m", "afd_models.demo", *session.posargs, external=True)
+
+
+@nox.session
+def regenerate(session: nox.Session) -> None:
+    """Regenerate afd_models/_generated/ and overlay/overlay.lock from overlay/ and pinned upstream source."""
+    session.install("-e", ".[codegen]")
+    session.run("python", "-m", "codegen", "regenerate", *session.posargs)
+
+
+@nox.session
+def drift(session: nox.Session) -> None:
+    """What a vLLM bump breaks: `nox -s drift -- 0.28.0` compares the pinned upstream with that version."""
+    if not session.posargs:
+        session.error("give the target version: nox -s drift -- 0.28.0")
+    session.install("-e", ".[codegen]")
+    target, *rest = session.posargs
+    session.run("python", "-m", "codegen", "drift", "--to", target, *rest)
+
+
+@nox.session
+def audit(session: nox.Session) -> None:
+    """Upgrade audit report for `nox -s audit -- 0.28.0`: drift + dry-run regeneration + work list."""
+    if not session.posargs:
+        session.error("give the target version: nox -s audit -- 0.28.0")
+    session.install("-e", ".[codegen]")
+    target, *rest = session.posargs
+    session.run("python", "-m", "codegen", "audit", "--to", target, *rest)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) on the project and mypy --strict on codegen/."""
+    session.install("-e", ".[codegen]", "mypy==2.4.1")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")

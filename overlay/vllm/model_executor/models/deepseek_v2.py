@@ -1,0 +1,302 @@
+"""AFD edits to vLLM's DeepSeek model (``vllm/model_executor/models/deepseek_v2.py``).
+
+The split is at the remote-experts boundary: vLLM's native ``DeepseekV2Model.forward``,
+``DeepseekV2DecoderLayer.forward`` and ``DeepseekV2MoE.forward`` run unchanged on the Attention
+role; its experts (and its dense MLPs when the gate runs on FFN) are parameter-free proxies that
+exchange activations with the FFN role. Each role constructs only what it runs; the rest are vLLM
+``PPMissingLayer``s, which vLLM's own loader skips. Which module each role builds is decided in
+one place, ``afd_models.models.plan``.
+"""
+
+import torch
+from torch import nn
+from transformers import DeepseekV2Config, DeepseekV3Config
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import ParallelConfig, VllmConfig, get_current_vllm_config
+from vllm.model_executor.layers.quantization import QuantizationConfig
+from vllm.model_executor.models.deepseek_v2 import (
+    DeepseekForCausalLM,
+    DeepseekV2DecoderLayer,
+    DeepseekV2ForCausalLM,
+    DeepseekV2MLP,
+    DeepseekV2Model,
+    DeepseekV2MoE,
+    DeepseekV3ForCausalLM,
+)
+from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
+
+from afd_models.models.plan import afd_plan
+from afd_models.models.remote import RemoteExperts, RemoteFFN
+from codegen.markers import extend, fork, insert_after, override, override_attr, replace, subclass, wrap
+
+_PLAN_FROM_CONTEXT = insert_after(
+    "super().__init__()",
+    "plan = afd_plan(get_current_vllm_config())",
+    id="plan",
+    why="the role decides what this module builds; vLLM sets the current config while it builds a model",
+)
+
+
+@subclass(relies_on=("forward",))
+class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
+    """The Attention role's MoE block: the gate (when it runs here) and a proxy of the experts.
+
+    vLLM's native ``forward`` is inherited: it runs the gate only if the experts report an external
+    router, then calls ``self.experts``, which is the remote proxy.
+    """
+
+    @fork(
+        _PLAN_FROM_CONTEXT,
+        wrap(
+            """
+            self.gate = GateLinear(...)
+            if getattr(config, "topk_method", None) == "noaux_tc":
+                ...
+            else:
+                ...
+            """,
+            "if plan.gate_on_attention:",
+            orelse="self.gate = PPMissingLayer()",
+            id="gate-only-on-gate-placement",
+            why="the gate's weights belong to the Attention role only when the gate runs here",
+        ),
+        replace(
+            """
+            if config.n_shared_experts is None or self.is_fusion_moe_shared_experts_enabled:
+                self.shared_experts = None
+            else:
+                ...
+            """,
+            "self.shared_experts = PPMissingLayer()",
+            id="no-shared-experts",
+            why="shared experts run on the FFN role, inside its FusedMoE",
+        ),
+        replace(
+            "self.experts = FusedMoE(...)",
+            "self.experts = RemoteExperts(extract_layer_index(prefix), gate_on_attention=plan.gate_on_attention)",
+            id="remote-experts",
+            why="the experts run on the FFN role; the proxy exchanges activations through the connector",
+        ),
+    )
+    def __init__(
+        self,
+        config: DeepseekV2Config | DeepseekV3Config,
+        parallel_config: ParallelConfig,
+        quant_config: QuantizationConfig | None = None,
+        reduce_results: bool = True,
+        prefix: str = "",
+        apply_routed_scale_to_output: bool = False,
+    ): ...
+
+
+@subclass(relies_on=("forward",))
+class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
+    """The FFN role's MoE block: vLLM's own gate, routed and shared experts.
+
+    With the gate on Attention the experts route with the received router logits (an external
+    router); the gate module is still built because it owns the routing correction bias.
+    """
+
+    @fork(
+        _PLAN_FROM_CONTEXT,
+        replace(
+            "FusedMoE($...BEFORE, gate=self.gate, $...AFTER)",
+            "FusedMoE($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
+            id="external-router-on-gate-placement",
+            why="with the gate on Attention the experts must use the router logits they receive",
+        ),
+    )
+    def __init__(
+        self,
+        config: DeepseekV2Config | DeepseekV3Config,
+        parallel_config: ParallelConfig,
+        quant_config: QuantizationConfig | None = None,
+        reduce_results: bool = True,
+        prefix: str = "",
+        apply_routed_scale_to_output: bool = False,
+    ): ...
+
+    @extend
+    def afd_ffn_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+        """This layer's MoE output for received hidden states (and router logits)."""
+        if router_logits is None:
+            return self.forward(hidden_states)
+        num_tokens, hidden_dim = hidden_states.shape
+        output = self.experts(hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits)
+        return output.view(num_tokens, hidden_dim)
+
+
+@subclass()
+class AFDRemoteDeepseekV2MLP(DeepseekV2MLP):
+    """A dense MLP layer computed by the FFN role (gate on FFN).
+
+    It stays a ``DeepseekV2MLP`` so that the native decoder forward treats it as one (the fp16
+    rescaling after a dense MLP); its projections are missing layers here.
+    """
+
+    @override
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        quant_config: QuantizationConfig | None = None,
+        reduce_results: bool = True,
+        is_sequence_parallel=False,
+        prefix: str = "",
+    ) -> None:
+        nn.Module.__init__(self)
+        self.gate_up_proj = PPMissingLayer()
+        self.down_proj = PPMissingLayer()
+        self.remote = RemoteFFN(extract_layer_index(prefix))
+
+    @override
+    def forward(self, x):
+        return self.remote(x)
+
+
+@subclass(relies_on=("forward",))
+class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
+    """A decoder layer that builds the role's half; vLLM's native forward runs on Attention."""
+
+    @fork(
+        insert_after(
+            "super().__init__()",
+            "plan = afd_plan(vllm_config)",
+            id="plan",
+            why="the role decides what this layer builds",
+        ),
+        wrap(
+            "self.self_attn = attn_cls(...)",
+            "if plan.is_attention:",
+            orelse="self.self_attn = PPMissingLayer()",
+            id="attention-on-attention-role",
+            why="the FFN role constructs nothing of attention",
+        ),
+        replace(
+            "DeepseekV2MoE",
+            "plan.moe_class(AFDFFNDeepseekV2MoE, AFDAttentionDeepseekV2MoE)",
+            id="role-moe",
+            why="each role builds its own half of the MoE block",
+        ),
+        replace(
+            "DeepseekV2MLP",
+            "plan.dense_mlp_factory(DeepseekV2MLP, AFDRemoteDeepseekV2MLP)",
+            id="role-dense-mlp",
+            why="dense MLPs run on the role that runs the gate",
+        ),
+        wrap(
+            """
+            self.input_layernorm = RMSNorm(...)
+            self.post_attention_layernorm = RMSNorm(...)
+            """,
+            "if plan.is_attention:",
+            orelse="self.input_layernorm = PPMissingLayer()\nself.post_attention_layernorm = PPMissingLayer()",
+            id="norms-on-attention-role",
+            why="the norms run in the native forward, on the Attention role only",
+        ),
+    )
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        prefix: str,
+        config: DeepseekV2Config | None = None,
+        topk_indices_buffer: torch.Tensor | None = None,
+    ) -> None: ...
+
+    @extend
+    def afd_ffn_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+        """FFN role: this layer's MLP or MoE output for received activations."""
+        if isinstance(self.mlp, AFDFFNDeepseekV2MoE):
+            return self.mlp.afd_ffn_forward(hidden_states, router_logits)
+        if isinstance(self.mlp, PPMissingLayer):
+            raise RuntimeError(f"layer {self.layer_idx}: its MLP runs on the Attention role, not here")
+        if router_logits is not None:
+            raise RuntimeError(f"layer {self.layer_idx} is dense: it takes no router logits")
+        return self.mlp(hidden_states)
+
+
+@support_torch_compile
+@subclass(relies_on=("forward", "load_weights"))
+class AFDDeepseekV2Model(DeepseekV2Model):
+    """The decoder stack with AFD layers; embedding and final norm on the Attention role only.
+
+    Re-decorated with ``support_torch_compile`` because it defines its own ``__init__``.
+    """
+
+    @fork(
+        insert_after(
+            "super().__init__()",
+            "plan = afd_plan(vllm_config)",
+            id="plan",
+            why="the role decides what the model builds",
+        ),
+        replace(
+            "if self.is_v32:\n    $...BODY\nelse:\n    topk_indices_buffer = None",
+            "if self.is_v32 and plan.is_attention:\n    $...BODY\nelse:\n    topk_indices_buffer = None",
+            id="indexer-buffer-on-attention-role",
+            why="the V3.2 indexer is part of attention",
+        ),
+        replace(
+            "get_pp_group().is_first_rank",
+            "plan.is_attention and get_pp_group().is_first_rank",
+            id="embedding-on-attention-role",
+            why="token embedding runs on the Attention role only",
+        ),
+        replace(
+            "DeepseekV2DecoderLayer",
+            "AFDDeepseekV2DecoderLayer",
+            id="afd-layers",
+            why="build the role-aware decoder layers",
+        ),
+        replace(
+            "get_pp_group().is_last_rank",
+            "plan.is_attention and get_pp_group().is_last_rank",
+            id="final-norm-on-attention-role",
+            why="the final norm runs on the Attention role only",
+        ),
+    )
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""): ...
+
+
+@subclass(
+    bases=("DeepseekV2ForCausalLM", "DeepseekForCausalLM", "DeepseekV3ForCausalLM"),
+    name="AFD{base}",
+    relies_on=("forward", "load_weights", "compute_logits", "set_moe_parameters"),
+)
+class AFDDeepseekV2ForCausalLM(DeepseekV2ForCausalLM):
+    """The AFD causal LM: vLLM's class with the AFD model, lm_head on the Attention role only."""
+
+    model_cls = override_attr(AFDDeepseekV2Model)
+
+    @fork(
+        insert_after(
+            "super().__init__()",
+            "plan = afd_plan(vllm_config)",
+            id="plan",
+            why="the role decides what the model builds",
+        ),
+        replace(
+            "get_pp_group().is_last_rank",
+            "plan.is_attention and get_pp_group().is_last_rank",
+            id="lm-head-on-attention-role",
+            why="logits are computed on the Attention role only",
+        ),
+    )
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""): ...
+
+    @extend
+    def ffn_layer_indices(self) -> list[int]:
+        """FFN role: the layers whose MLP or MoE this role computes, in forward order."""
+        return [
+            index
+            for index, layer in enumerate(self.model.layers)
+            if not isinstance(layer, PPMissingLayer) and not isinstance(layer.mlp, PPMissingLayer)
+        ]
+
+    @extend
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """FFN role: layer ``layer_idx``'s MLP or MoE output for received activations."""
+        return self.model.layers[layer_idx].afd_ffn_forward(hidden_states, router_logits)

