@@ -136,7 +136,7 @@ def render_module(overlay: OverlayModule, generation: Generation, versions: dict
 def render_registry(generation: Generation, versions: dict[str, str], digest: str, generated_files: dict[str, str]) -> str:
     """``afd_models/_generated/__init__.py``: what was generated from what, as plain data."""
     rows = "\n".join(
-        f"    ({f'{c.module}:{c.name}'!r}, {str(c.base)!r}, {c.overlay_path.as_posix()!r}),"
+        f"    ({f'{c.module}:{c.name}'!r}, {str(c.base)!r}, {c.overlay_path.as_posix()!r}, {c.overlay.name!r}),"
         for c in generation.classes
     )
     overlays = {o.path.as_posix(): o.sha256 for o in generation.overlays}
@@ -151,7 +151,7 @@ INPUTS_DIGEST = {digest!r}
 OVERLAYS = {dict(sorted(overlays.items()))!r}
 #: sha256 of each generated module
 FILES = {dict(sorted(generated_files.items()))!r}
-#: (generated class, upstream base, overlay file) for every generated class
+#: (generated class, upstream base, overlay file, overlay class) for every generated class
 CLASSES = (
 {rows}
 )

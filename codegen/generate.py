@@ -103,6 +103,7 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
                 if built is not None:
                     result.classes.append(built)
         result.findings.extend(namespace.findings)
+    result.findings = list(dict.fromkeys(result.findings))  # one finding per problem, even with several bases
     result.runtime_imports = runtime_upstream_imports(repo_root, index)
     return result
 
@@ -134,6 +135,19 @@ def _build_class(
     for decorator in overlay_class.decorators:
         for used in global_names(decorator.decorator):
             namespace.require_ours(used, f"{overlay.generated_module}:{name}", where)
+    names = {b.qualname for b in overlay_class.bases} | {str(b) for b in overlay_class.bases} | {base.qualname, str(base)}
+    for decl in overlay_class.members:
+        for declared in decl.deltas:
+            if declared.base is not None and declared.base not in names:
+                findings.append(
+                    Finding(
+                        Kind.OVERLAY_INVALID,
+                        Severity.BLOCK,
+                        f"{overlay.generated_module}:{name}.{decl.name}",
+                        f"delta for base {declared.base!r}, which is not a base of {overlay_class.name}",
+                        Location(str(overlay.path), decl.line),
+                    )
+                )
     members: list[GeneratedMember] = []
     visible = index.all_members(base)
     for decl in overlay_class.members:
@@ -219,9 +233,8 @@ def _build_member(
         return None
     upstream_signature = upstream.signature()
     assert decl.signature is not None
-    findings.extend(
-        check_signature(symbol, upstream_signature, decl.signature, decl.deltas, ours_at=ours_at, upstream_at=upstream_at)
-    )
+    deltas = [d for d in decl.deltas if d.applies_to(str(base))]
+    findings.extend(check_signature(symbol, upstream_signature, decl.signature, deltas, ours_at=ours_at, upstream_at=upstream_at))
     if decl.kind is MemberKind.OVERRIDE:
         _require_ours(decl.node, symbol, ours_at, namespace)
         return GeneratedMember(decl, upstream.ref, upstream_signature, decl.node)

@@ -78,6 +78,12 @@ class Delta:
     ours: str | None
     #: why the difference is needed
     why: str
+    #: the base it applies to when the class has several (its name or ``module:Class``); None: all
+    base: str | None = None
+
+    def applies_to(self, base: str) -> bool:
+        """Whether this delta is for ``base`` (``module:Class``)."""
+        return self.base is None or self.base in (base, base.rsplit(":", 1)[-1])
 
 
 def replace(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
@@ -106,10 +112,16 @@ def wrap(anchor: str, header: str, *, id: str, why: str, count: int = 1, orelse:
 
 
 def delta(
-    kind: str, param: str | None = None, *, upstream: str | None = None, ours: str | None = None, why: str
+    kind: str,
+    param: str | None = None,
+    *,
+    upstream: str | None = None,
+    ours: str | None = None,
+    why: str,
+    base: str | None = None,
 ) -> Delta:
-    """Declare one exact signature difference from upstream."""
-    return Delta(kind, param, upstream, ours, why)
+    """Declare one exact signature difference from upstream (for one ``base``, or for all)."""
+    return Delta(kind, param, upstream, ours, why, base)
 
 
 def subclass(

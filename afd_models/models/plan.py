@@ -29,6 +29,7 @@ from vllm.config import VllmConfig
 from vllm.model_executor.models.utils import PPMissingLayer
 
 from afd_models.config import AFDConfig, require_afd_config
+from afd_models.models.remote import remote_dense_mlp
 
 
 def _missing(**_: Any) -> nn.Module:
@@ -65,10 +66,10 @@ class ModelPlan:
     def moe_class(self, ffn_class: type[nn.Module], attention_class: type[nn.Module]) -> type[nn.Module]:
         return attention_class if self.is_attention else ffn_class
 
-    def dense_mlp_factory(self, native: Callable[..., nn.Module], remote: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    def dense_mlp_factory(self, native: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         """The dense-MLP constructor for this role: native, a remote proxy, or a missing layer."""
         if self.is_attention:
-            return remote if self.dense_mlp_on_ffn else native
+            return remote_dense_mlp if self.dense_mlp_on_ffn else native
         return native if self.dense_mlp_on_ffn else _missing
 
 

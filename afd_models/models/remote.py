@@ -1,7 +1,8 @@
 """Parameter-free stand-ins for the parts of the model that run on the FFN role.
 
 On the Attention role the generated model puts a :class:`RemoteExperts` where vLLM's
-``FusedMoE`` experts would be, and a remote dense MLP where a dense ``DeepseekV2MLP`` would be.
+``FusedMoE`` experts would be, and a :class:`RemoteFFN` where a dense ``DeepseekV2MLP`` would be
+(when the gate, and with it the dense MLPs, runs on the FFN role).
 vLLM's native ``DeepseekV2MoE.forward`` and ``DeepseekV2DecoderLayer.forward`` run unchanged and
 call them like the modules they replace; they send the activations (and the router logits when
 the gate runs on Attention) through the connector and return what the FFN role computed.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from vllm.model_executor.models.utils import PPMissingLayer
+from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
 
 if TYPE_CHECKING:
     from afd_models.connectors.base import AFDConnector
@@ -65,6 +66,11 @@ class RemoteExperts(RemoteFFN):
 
     def update_expert_map(self) -> None:
         """EPLB hook of the MoE runner interface: the experts are remote, nothing to remap here."""
+
+
+def remote_dense_mlp(*, prefix: str, **_: object) -> RemoteFFN:
+    """Stands in for ``DeepseekV2MLP(...)`` of a dense layer computed by the FFN role."""
+    return RemoteFFN(extract_layer_index(prefix))
 
 
 def remote_layers(model: nn.Module) -> Iterator[RemoteFFN]:

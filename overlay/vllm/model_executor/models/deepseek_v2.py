@@ -9,7 +9,6 @@ one place, ``afd_models.models.plan``.
 """
 
 import torch
-from torch import nn
 from transformers import DeepseekV2Config, DeepseekV3Config
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import ParallelConfig, VllmConfig, get_current_vllm_config
@@ -18,7 +17,6 @@ from vllm.model_executor.models.deepseek_v2 import (
     DeepseekForCausalLM,
     DeepseekV2DecoderLayer,
     DeepseekV2ForCausalLM,
-    DeepseekV2MLP,
     DeepseekV2Model,
     DeepseekV2MoE,
     DeepseekV3ForCausalLM,
@@ -26,8 +24,8 @@ from vllm.model_executor.models.deepseek_v2 import (
 from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
 
 from afd_models.models.plan import afd_plan
-from afd_models.models.remote import RemoteExperts, RemoteFFN
-from codegen.markers import extend, fork, insert_after, override, override_attr, replace, subclass, wrap
+from afd_models.models.remote import RemoteExperts
+from codegen.markers import extend, fork, insert_after, override_attr, replace, subclass, wrap
 
 _PLAN_FROM_CONTEXT = insert_after(
     "super().__init__()",
@@ -126,35 +124,6 @@ class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
         return output.view(num_tokens, hidden_dim)
 
 
-@subclass()
-class AFDRemoteDeepseekV2MLP(DeepseekV2MLP):
-    """A dense MLP layer computed by the FFN role (gate on FFN).
-
-    It stays a ``DeepseekV2MLP`` so that the native decoder forward treats it as one (the fp16
-    rescaling after a dense MLP); its projections are missing layers here.
-    """
-
-    @override
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        hidden_act: str,
-        quant_config: QuantizationConfig | None = None,
-        reduce_results: bool = True,
-        is_sequence_parallel=False,
-        prefix: str = "",
-    ) -> None:
-        nn.Module.__init__(self)
-        self.gate_up_proj = PPMissingLayer()
-        self.down_proj = PPMissingLayer()
-        self.remote = RemoteFFN(extract_layer_index(prefix))
-
-    @override
-    def forward(self, x):
-        return self.remote(x)
-
-
 @subclass(relies_on=("forward",))
 class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
     """A decoder layer that builds the role's half; vLLM's native forward runs on Attention."""
@@ -181,7 +150,7 @@ class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
         ),
         replace(
             "DeepseekV2MLP",
-            "plan.dense_mlp_factory(DeepseekV2MLP, AFDRemoteDeepseekV2MLP)",
+            "plan.dense_mlp_factory(DeepseekV2MLP)",
             id="role-dense-mlp",
             why="dense MLPs run on the role that runs the gate",
         ),
@@ -213,7 +182,13 @@ class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
             raise RuntimeError(f"layer {self.layer_idx}: its MLP runs on the Attention role, not here")
         if router_logits is not None:
             raise RuntimeError(f"layer {self.layer_idx} is dense: it takes no router logits")
-        return self.mlp(hidden_states)
+        output = self.mlp(hidden_states)
+        if output.dtype == torch.float16:
+            # The native forward rescales a dense MLP's fp16 output right after `self.mlp`, but only
+            # when that is a DeepseekV2MLP; on the Attention role it is the remote proxy, so the
+            # rescale happens here, once. (`forward` is relied on: drift reports any change to it.)
+            output *= 1.0 / self.routed_scaling_factor
+        return output
 
 
 @support_torch_compile

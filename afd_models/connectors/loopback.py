@@ -1,0 +1,68 @@
+"""The in-process loopback connector: the FFN half of the model lives in the Attention worker.
+
+For tests, ``python -m afd_models.verify`` and benchmarks: the same generated Attention model,
+proxies and connector contract as a real deployment, with the transport replaced by a direct
+call into an FFN-role model built in the same process (its own copy of the engine config, so the
+two models never share vLLM's per-config layer registry).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.model_loader import get_model_loader
+
+from afd_models.config import AFD_KEY
+from afd_models.connectors.base import AFDConnector, StepHeader
+
+Compute = Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+class LoopbackConnector(AFDConnector):
+    """Attention side whose "FFN peer" is a function call."""
+
+    def __init__(self, compute: Compute):
+        super().__init__()
+        self.compute = compute
+        self.headers: list[StepHeader] = []
+        #: the in-process FFN-role model, when built by :meth:`with_ffn_model`
+        self.ffn_model: nn.Module | None = None
+        self._results: dict[int, torch.Tensor] = {}
+
+    def _send_header(self, header: StepHeader) -> None:
+        self.headers.append(header)
+
+    def _send_layer(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None:
+        self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
+
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
+        return self._results.pop(layer_idx)
+
+    @classmethod
+    def with_ffn_model(cls, vllm_config: VllmConfig) -> LoopbackConnector:
+        """Build the FFN-role model of this engine's checkpoint in-process and serve it directly.
+
+        Call before the Attention model is built: the FFN model gets a deep copy of the config.
+        """
+        ffn_config = copy.deepcopy(vllm_config)
+        section = dict(ffn_config.additional_config[AFD_KEY])
+        section["role"] = "ffn"
+        ffn_config.additional_config = {**ffn_config.additional_config, AFD_KEY: section}
+        with set_current_vllm_config(ffn_config):
+            model = get_model_loader(ffn_config.load_config).load_model(
+                vllm_config=ffn_config, model_config=ffn_config.model_config
+            )
+
+        def compute(layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+            with torch.inference_mode(), set_forward_context(None, ffn_config, num_tokens=hidden_states.shape[0]):
+                output: torch.Tensor = model.compute_ffn_output(layer_idx, hidden_states, router_logits)
+            return output
+
+        connector = cls(compute)
+        connector.ffn_model = model
+        return connector

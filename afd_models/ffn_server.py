@@ -1,0 +1,114 @@
+"""The FFN role's serving loop: receive a step's activations, compute each layer's FFN, send back.
+
+It runs in a background thread of the FFN worker (vLLM's EngineCore has no requests to schedule
+there). The main thread never runs a forward on the FFN role, so setting vLLM's process-global
+forward context from this thread is safe. A failure ends the loop and is kept; the worker decides
+what a failure means (in ``vllm serve`` it ends the worker process, so the engine reports it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from vllm.config import VllmConfig
+from vllm.forward_context import set_forward_context
+
+from afd_models.connectors.base import AFDConnectionError, FFNConnector, StepHeader
+
+logger = logging.getLogger(__name__)
+
+
+class FFNModel(Protocol):
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
+def check_headers(headers: Sequence[StepHeader], hidden_size: int, dtype: torch.dtype) -> int:
+    """Total tokens of a step; raises if a peer sends a shape or dtype this model cannot take."""
+    for header in headers:
+        if header.hidden_size != hidden_size or header.dtype != dtype:
+            raise AFDConnectionError(
+                f"an Attention peer sends hidden size {header.hidden_size} {header.dtype}, "
+                f"this FFN model takes {hidden_size} {dtype}: are both roles serving the same checkpoint and --dtype?"
+            )
+    return sum(h.num_tokens for h in headers)
+
+
+def serve_step(model: FFNModel, vllm_config: VllmConfig, connector: FFNConnector, layers: Sequence[int], tokens: int) -> None:
+    """Compute every remote layer of one step."""
+    with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
+        for layer_idx in layers:
+            hidden_states, router_logits = connector.recv(layer_idx)
+            connector.send(layer_idx, model.compute_ffn_output(layer_idx, hidden_states, router_logits))
+
+
+def exit_process(exc: BaseException) -> None:
+    """``on_failure`` for ``vllm serve``: end the worker process so the engine reports the failure.
+
+    vLLM watches its worker processes; a dead FFN worker turns the FFN server's ``/health`` into
+    an error instead of a server that looks healthy but serves nothing.
+    """
+    logger.critical("AFD FFN worker exits: %s", exc)
+    logging.shutdown()
+    os._exit(70)
+
+
+class FFNServer:
+    """A stoppable background loop over :func:`serve_step`."""
+
+    def __init__(
+        self,
+        model: Any,
+        vllm_config: VllmConfig,
+        connector: FFNConnector,
+        *,
+        hidden_size: int,
+        dtype: torch.dtype,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ):
+        self.model = model
+        self.vllm_config = vllm_config
+        self.connector = connector
+        self.layers = list(model.ffn_layer_indices())
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self.on_failure = on_failure
+        self.steps = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="AFD-FFN-server", daemon=True)
+
+    def start(self) -> None:
+        logger.info("AFD FFN server: serving layers %s", self.layers)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                headers = self.connector.wait_step(self._stop)
+                if headers is None:
+                    break
+                tokens = check_headers(headers, self.hidden_size, self.dtype)
+                serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
+                self.steps += 1
+        except BaseException as exc:  # kept and reported; the thread must not die silently
+            self.error = exc
+            logger.error("AFD FFN server stopped after %d steps: %s", self.steps, exc)
+            if self.on_failure is not None:
+                self.on_failure(exc)
+        logger.info("AFD FFN server: stopped after %d steps", self.steps)
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the AFD FFN server failed: {self.error}") from self.error
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)

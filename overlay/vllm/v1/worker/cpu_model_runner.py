@@ -1,0 +1,94 @@
+"""AFD edits to vLLM's model runners: the CPU runner and the GPU runner it derives from.
+
+One declaration per role generates a subclass of each base. The Attention runner connects to the
+FFN role before loading the model (the FFN role computes during vLLM's profiling forward) and binds
+the connector to the model's remote proxies; the FFN runner loads the FFN half and serves steps.
+"""
+
+from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+from afd_models.connectors.factory import connect_attention, connect_ffn
+from afd_models.ffn_server import FFNServer, exit_process
+from afd_models.models.remote import bind_connector
+from codegen.markers import delta, extend, override, subclass
+
+RUNNER_BASES = ("CPUModelRunner", "vllm.v1.worker.gpu_model_runner:GPUModelRunner")
+LOAD_SPANS = (
+    delta(
+        "decorators",
+        upstream="@instrument(span_name='Loading (CPU)')",
+        ours=None,
+        base="CPUModelRunner",
+        why="calls super().load_model(), which opens the tracing span",
+    ),
+    delta(
+        "decorators",
+        upstream="@instrument(span_name='Loading (GPU)')",
+        ours=None,
+        base="GPUModelRunner",
+        why="calls super().load_model(), which opens the tracing span",
+    ),
+)
+
+
+@subclass(bases=RUNNER_BASES, name="AFDAttention{base}")
+class AFDAttentionModelRunner(CPUModelRunner):
+    """vLLM's runner with the AFD Attention model and its connector."""
+
+    @override(deltas=LOAD_SPANS)
+    def load_model(self, load_dummy_weights: bool = False) -> None:
+        self.afd_connector = connect_attention(self.vllm_config, get_tensor_model_parallel_rank())
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        self.afd_connector.set_layers(bind_connector(self.get_model(), self.afd_connector))
+
+    @override
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            connector = getattr(self, "afd_connector", None)
+            if connector is not None:
+                connector.close()
+
+    @extend
+    def afd_connector_stats(self) -> dict[str, float]:
+        """Round trips through the connector so far (for the demo and benchmarks)."""
+        return self.afd_connector.stats.as_dict()
+
+
+@subclass(bases=RUNNER_BASES, name="AFDFFN{base}")
+class AFDFFNModelRunner(CPUModelRunner):
+    """vLLM's runner loading the FFN half of the model; it serves steps instead of batches."""
+
+    @override(deltas=LOAD_SPANS)
+    def load_model(self, load_dummy_weights: bool = False) -> None:
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        self.afd_connector = connect_ffn(self.vllm_config, get_tensor_model_parallel_rank())
+        self.afd_server: FFNServer | None = None
+
+    @extend
+    def start_afd_server(self) -> FFNServer:
+        """Start serving the Attention peers in a background thread; a failure ends the process."""
+        self.afd_server = FFNServer(
+            self.get_model(),
+            self.vllm_config,
+            self.afd_connector,
+            hidden_size=self.model_config.get_hidden_size(),
+            dtype=self.model_config.dtype,
+            on_failure=exit_process,
+        )
+        self.afd_server.start()
+        return self.afd_server
+
+    @override
+    def shutdown(self) -> None:
+        server = getattr(self, "afd_server", None)
+        if server is not None:
+            server.stop()
+        try:
+            super().shutdown()
+        finally:
+            connector = getattr(self, "afd_connector", None)
+            if connector is not None:
+                connector.close()

@@ -1,0 +1,163 @@
+"""AFD edits to vLLM's workers: the CPU worker and the GPU worker it derives from.
+
+Operators select these by dotted path: ``vllm serve MODEL --worker-cls
+afd_models.workers.AFDAttentionCPUWorker`` (and ``AFDFFNCPUWorker`` for the FFN engine).
+
+The FFN worker runs under vLLM's own EngineCore, unpatched: it reports no KV cache (EngineCore takes
+its attention-free path) and no supported tasks (the API server registers no generation routes),
+and serves the Attention role from a background thread started once the engine is initialized.
+"""
+
+from vllm.config import VllmConfig
+from vllm.tasks import SupportedTask
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.worker_base import CompilationTimes
+
+from afd_models.config import Role
+from afd_models.engine import prepare_worker_config
+from afd_models.generated import generated_subclass
+from codegen.markers import delta, extend, override, subclass
+
+WORKER_BASES = ("CPUWorker", "vllm.v1.worker.gpu_worker:Worker")
+INIT_DEVICE_SPAN = delta(
+    "decorators",
+    upstream="@instrument(span_name='Init device')",
+    ours=None,
+    base="Worker",
+    why="calls super().init_device(), which opens the tracing span",
+)
+RUNS_NOTHING = delta(
+    "decorators",
+    upstream="@torch.inference_mode() @with_gpu_sync_check",
+    ours=None,
+    why="the FFN worker refuses scheduler work; there is no forward to guard",
+)
+
+
+@subclass(bases=WORKER_BASES, name="AFDAttention{base}")
+class AFDAttentionWorker(CPUWorker):
+    """The Attention role: vLLM's worker serving requests with the AFD Attention model."""
+
+    @override
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ):
+        config, _ = prepare_worker_config(vllm_config, Role.ATTENTION)
+        super().__init__(config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
+
+    @override(deltas=(INIT_DEVICE_SPAN,))
+    def init_device(self):
+        super().init_device()
+        # vLLM hard-codes its runner in init_device; use the AFD runner generated for that class.
+        runner = generated_subclass("AFDAttentionModelRunner", type(self.model_runner))
+        self.model_runner = runner(self.vllm_config, self.device)
+
+    @extend
+    def afd_connector_stats(self) -> dict[str, float]:
+        """Round trips through the connector (``collective_rpc("afd_connector_stats")``)."""
+        return self.model_runner.afd_connector_stats()
+
+
+@subclass(bases=WORKER_BASES, name="AFDFFN{base}")
+class AFDFFNWorker(CPUWorker):
+    """The FFN role: holds the experts, no KV cache, serves the Attention role's steps."""
+
+    @override
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ):
+        config, _ = prepare_worker_config(vllm_config, Role.FFN)
+        super().__init__(config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
+
+    @override(deltas=(INIT_DEVICE_SPAN,))
+    def init_device(self):
+        super().init_device()
+        runner = generated_subclass("AFDFFNModelRunner", type(self.model_runner))
+        self.model_runner = runner(self.vllm_config, self.device)
+
+    @override
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        return {}
+
+    @override
+    def get_supported_tasks(self) -> tuple[SupportedTask, ...]:
+        return ()
+
+    @override(
+        deltas=(
+            delta(
+                "decorators",
+                upstream="@torch.inference_mode()",
+                ours=None,
+                base="Worker",
+                why="nothing is profiled: the FFN role holds no KV cache",
+            ),
+        )
+    )
+    def determine_available_memory(self) -> int:
+        return 0
+
+    @override(
+        deltas=(
+            delta(
+                "decorators",
+                upstream="@instrument(span_name='Allocate KV cache')",
+                ours=None,
+                why="there is no KV cache to allocate; the FFN server starts here instead",
+            ),
+        )
+    )
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        if kv_cache_config.kv_cache_groups:
+            raise RuntimeError("the AFD FFN worker reported no KV cache, but the engine configured one")
+        self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        self.model_runner.start_afd_server()
+
+    @override(
+        deltas=(
+            delta(
+                "decorators",
+                upstream="@instrument(span_name='Warmup (GPU)')",
+                ours=None,
+                base="Worker",
+                why="no warm-up: the FFN role computes only when the Attention role sends work",
+            ),
+        )
+    )
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    @override(deltas=(RUNS_NOTHING,))
+    def execute_model(self, scheduler_output: "SchedulerOutput") -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
+        if scheduler_output.total_num_scheduled_tokens:
+            raise RuntimeError("the AFD FFN engine serves no requests; send them to the Attention engine")
+        return EMPTY_MODEL_RUNNER_OUTPUT
+
+    @override(deltas=(RUNS_NOTHING,))
+    def sample_tokens(self, grammar_output: "GrammarOutput | None") -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        raise RuntimeError("the AFD FFN engine samples no tokens; send requests to the Attention engine")
+
+    @override
+    def execute_dummy_batch(self) -> None:
+        return None
+
+    @override
+    def check_health(self) -> None:
+        super().check_health()
+        server = getattr(self.model_runner, "afd_server", None)
+        if server is not None:
+            server.raise_if_failed()
