@@ -19,8 +19,9 @@ from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 
 from afd_models.connectors.base import AFDConnectionError, FFNConnector, StepHeader
+from afd_models.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class FFNModel(Protocol):

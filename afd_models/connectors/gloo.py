@@ -6,15 +6,15 @@ may start first: the store accepts the peers for ``connect_timeout_s``. The grou
 vLLM's stateless gloo helper on a public ``TCPStore``, so it never touches either engine's own
 torch.distributed world.
 
-Wire format per step: a 7-int64 header from each Attention peer, then per remote layer the hidden
-states (and the router logits) as raw bytes, tagged with the layer so that a mismatch in layer
-order times out loudly instead of mixing layers; the FFN side answers each peer with its rows.
-Tensors travel as bytes, so every dtype round-trips bit for bit.
+Per step each Attention peer announces a :class:`StepHeader` through the group's store (the FFN
+side waits on it without holding a gloo operation open, so it can idle between requests and stop
+at any time); then, per remote layer, hidden states (and router logits) travel over gloo as raw
+bytes, tagged with the layer so that a mismatch in layer order times out loudly instead of mixing
+layers, and the FFN side answers each peer with its rows. Bytes round-trip every dtype bit for bit.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,11 +27,13 @@ from vllm.distributed.utils import init_gloo_process_group
 
 from afd_models.config import GlooExtraConfig
 from afd_models.connectors.base import AFDConnectionError, AFDConnector, FFNConnector, StepHeader
+from afd_models.log import get_logger
 from afd_models.topology import Group
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
-HEADER_TAG = 1 << 20
+#: seconds between checks of the stop event while the FFN side waits for a step
+IDLE_CHECK_S = 0.25
 _T = TypeVar("_T")
 
 
@@ -92,6 +94,36 @@ class _GlooGroup:
         self.run(what, lambda pg: pg.recv([out.view(torch.uint8)], peer, tag).wait())
         return out
 
+    def header_key(self, group_rank: int, step: int) -> str:
+        return f"afd/step/{group_rank}/{step}"
+
+    def put_header(self, header: StepHeader) -> None:
+        store = self.store
+        if store is None:
+            raise AFDConnectionError(f"AFD gloo connector at {self.where} is closed")
+        try:
+            store.set(self.header_key(self.group_rank, header.step), header.encode().numpy().tobytes())
+        except RuntimeError as exc:
+            raise AFDConnectionError(f"AFD gloo connector at {self.where}: the FFN peer is gone: {exc}") from exc
+
+    def take_header(self, group_rank: int, step: int, stop: threading.Event) -> StepHeader | None:
+        """The peer's header for ``step``; None if ``stop`` is set first. Idles without a deadline."""
+        key = self.header_key(group_rank, step)
+        while not stop.is_set():
+            store = self.store
+            if store is None:
+                return None
+            try:
+                store.wait([key], timedelta(seconds=IDLE_CHECK_S))
+            except RuntimeError as exc:
+                if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
+                    continue
+                raise AFDConnectionError(f"AFD gloo connector at {self.where}: the Attention peer is gone: {exc}") from exc
+            values = torch.frombuffer(bytearray(store.get(key)), dtype=torch.int64)
+            store.delete_key(key)
+            return StepHeader.decode(values)
+        return None
+
     def close(self) -> None:
         pg, self.pg = self.pg, None
         if pg is not None:
@@ -110,7 +142,7 @@ class GlooAttentionConnector(AFDConnector):
         self._group = _GlooGroup(host, group, group.group_rank_of_attention(attention_rank), extra, "attention")
 
     def _send_header(self, header: StepHeader) -> None:
-        self._group.send(header.encode(), 0, HEADER_TAG, f"step {header.step} header")
+        self._group.put_header(header)
 
     def _send_layer(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None:
         self._group.send(hidden_states, 0, _layer_tag(layer_idx), f"send of layer {layer_idx}")
@@ -127,30 +159,22 @@ class GlooAttentionConnector(AFDConnector):
 class GlooFFNConnector(FFNConnector):
     """FFN side: group rank 0, serving the Attention peers of its group."""
 
-    #: seconds between checks of the stop event while idle (grows from the minimum when idle)
-    POLL_MIN_S = 50e-6
-    POLL_MAX_S = 5e-3
-
     def __init__(self, host: str, group: Group, extra: GlooExtraConfig):
         self._group = _GlooGroup(host, group, 0, extra, "ffn")
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
+        self._step = 0
 
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
-        buffers = [StepHeader.empty() for _ in self.peers]
-        works = self._group.run(
-            "waiting for a step", lambda pg: [pg.recv([b], p, HEADER_TAG) for b, p in zip(buffers, self.peers, strict=True)]
-        )
-        delay = self.POLL_MIN_S
-        while not all(w.is_completed() for w in works):
-            if stop.is_set():
+        headers = []
+        for peer in self.peers:
+            header = self._group.take_header(peer, self._step, stop)
+            if header is None:
                 return None
-            time.sleep(delay)
-            delay = min(delay * 2, self.POLL_MAX_S)
-        for work in works:
-            self._group.run("waiting for a step", lambda _: work.wait())
-        self.headers = [StepHeader.decode(b) for b in buffers]
-        return self.headers
+            headers.append(header)
+        self._step += 1
+        self.headers = headers
+        return headers
 
     def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden, logits = [], []
