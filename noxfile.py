@@ -21,9 +21,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import cpu_env  # noqa: E402
 
-nox.options.sessions = ["lint", "tests"]
-nox.options.reuse_venv = "yes"
-
 #: Test directories in the order they run: cheapest tiers first.
 TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
 #: Tiers `nox -s tests` must run here; a skip of one of these is an error, not a pass.
@@ -57,14 +54,14 @@ def tests(session: nox.Session) -> None:
     )
 
 
-@nox.session(venv_backend="none")
+@nox.session(venv_backend="none", default=False)
 def check(session: nox.Session) -> None:
     """`python -m codegen check` in the CPU env: signatures (static and runtime), lock, dotted paths, no monkey patches."""
     python = _cpu_python(session)
     session.run(python, "-m", "codegen", "check", *session.posargs, external=True)
 
 
-@nox.session(venv_backend="none")
+@nox.session(venv_backend="none", default=False)
 def demo(session: nox.Session) -> None:
     """Build a tiny DeepSeek model, serve it as an AFD Attention+FFN pair and a plain baseline, compare."""
     python = _cpu_python(session)
@@ -72,14 +69,14 @@ def demo(session: nox.Session) -> None:
     session.run(python, "-m", "afd_models.demo", *session.posargs, external=True)
 
 
-@nox.session
+@nox.session(reuse_venv=True, default=False)
 def regenerate(session: nox.Session) -> None:
     """Regenerate afd_models/_generated/ and overlay/overlay.lock from overlay/ and pinned upstream source."""
     session.install("-e", ".[codegen]")
     session.run("python", "-m", "codegen", "regenerate", *session.posargs)
 
 
-@nox.session
+@nox.session(reuse_venv=True, default=False)
 def drift(session: nox.Session) -> None:
     """What a vLLM bump breaks: `nox -s drift -- 0.28.0` compares the pinned upstream with that version."""
     if not session.posargs:
@@ -89,7 +86,7 @@ def drift(session: nox.Session) -> None:
     session.run("python", "-m", "codegen", "drift", "--to", target, *rest)
 
 
-@nox.session
+@nox.session(reuse_venv=True, default=False)
 def audit(session: nox.Session) -> None:
     """Upgrade audit report for `nox -s audit -- 0.28.0`: drift + dry-run regeneration + work list."""
     if not session.posargs:
@@ -99,7 +96,7 @@ def audit(session: nox.Session) -> None:
     session.run("python", "-m", "codegen", "audit", "--to", target, *rest)
 
 
-@nox.session
+@nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) on the project and mypy --strict on codegen/."""
     session.install("-e", ".[codegen]", "mypy==2.4.1")

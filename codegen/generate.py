@@ -61,12 +61,29 @@ class Generation:
         return any(f.severity is Severity.BLOCK for f in self.findings)
 
 
+#: the codegen modules that shape generated code and the lock (checks and reports do not)
+GENERATOR_MODULES = (
+    "markers.py",
+    "model.py",
+    "overlay.py",
+    "index.py",
+    "pattern.py",
+    "edit.py",
+    "names.py",
+    "generate.py",
+    "emit.py",
+    "lock.py",
+    "checks/signatures.py",
+)
+
+
 def generator_digest() -> str:
     """sha256 of the generator's own source: a new generator may produce new output."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
+    package = Path(__file__).resolve().parent
+    for name in GENERATOR_MODULES:
+        digest.update(name.encode())
+        digest.update((package / name).read_bytes())
     return digest.hexdigest()
 
 
@@ -305,11 +322,8 @@ def _fork(
 def runtime_upstream_imports(repo_root: Path, index: UpstreamIndex) -> dict[SymbolRef, list[str]]:
     """Upstream names the hand-written runtime imports (``from vllm... import X``), resolved."""
     found: dict[SymbolRef, list[str]] = {}
-    root = repo_root / RUNTIME_ROOT
-    for path in sorted(root.rglob("*.py")):
+    for path in runtime_files(repo_root):
         relative = path.relative_to(repo_root)
-        if GENERATED_ROOT in relative.parents:
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level and index.owns(node.module):
@@ -332,13 +346,24 @@ def overlay_hashes(repo_root: Path) -> dict[str, str]:
     return {p.as_posix(): hashlib.sha256((repo_root / p).read_bytes()).hexdigest() for p in overlay_files(repo_root)}
 
 
+def runtime_files(repo_root: Path) -> list[Path]:
+    """The hand-written runtime modules (their upstream imports are recorded in the lock)."""
+    root = repo_root / RUNTIME_ROOT
+    return sorted(
+        p for p in root.rglob("*.py") if GENERATED_ROOT not in p.relative_to(repo_root).parents
+    )
+
+
 def inputs_digest(repo_root: Path, overlays: dict[str, str], upstream: dict[str, dict[str, str]]) -> str:
-    """What the output depends on: generator, pins, overlays, upstream files (all by hash)."""
+    """What the output depends on: generator, pins, overlays, runtime imports, upstream files (by hash)."""
     digest = hashlib.sha256()
     digest.update(generator_digest().encode())
     digest.update((repo_root / PINS_PATH).read_bytes())
     for path, sha in sorted(overlays.items()):
         digest.update(f"{path}:{sha}".encode())
+    for path in runtime_files(repo_root):
+        digest.update(path.relative_to(repo_root).as_posix().encode())
+        digest.update(path.read_bytes())
     for package in sorted(upstream):
         for path, sha in sorted(upstream[package].items()):
             digest.update(f"{path}:{sha}".encode())

@@ -1,0 +1,122 @@
+"""``python -m codegen check``: every check, in order, as one list of findings.
+
+1. regenerate in memory: overlay validity, exact signatures, anchors, names (static);
+2. the lock: the committed ``overlay/overlay.lock`` equals the regenerated one (diff on mismatch);
+3. generated files on disk equal the regeneration (missing ones are only noted: a fresh clone);
+4. no monkey patches anywhere in the project;
+5. with vLLM importable and fresh generated code: runtime signature parity, extend shadowing on
+   live classes, registered and documented dotted paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from codegen.checks import monkeypatch
+from codegen.findings import Finding, Kind, Location, Severity
+from codegen.generate import GENERATED_ROOT, LOCK_PATH, Generation
+from codegen.lock import lock_diff, render_lock
+from codegen.sources import SourceError
+
+Progress = Callable[[str], None]
+
+
+def compare_lock(repo_root: Path, generation: Generation) -> list[Finding]:
+    path = repo_root / LOCK_PATH
+    fresh = render_lock(generation.lock)
+    if not path.exists():
+        return [Finding(Kind.LOCK_MISSING, Severity.BLOCK, str(LOCK_PATH), "is missing; run `nox -s regenerate` and commit it")]
+    committed = path.read_text()
+    if committed == fresh:
+        return []
+    return [
+        Finding(
+            Kind.LOCK_DIFFERS,
+            Severity.BLOCK,
+            str(LOCK_PATH),
+            "differs from a regeneration; run `nox -s regenerate`, review the diff and commit the lock",
+            Location(str(LOCK_PATH)),
+            details=tuple(lock_diff(committed, fresh)),
+        )
+    ]
+
+
+def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
+    expected = generation.files
+    on_disk = {
+        p.relative_to(repo_root).as_posix()
+        for p in (repo_root / GENERATED_ROOT).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    if not on_disk:
+        return [
+            Finding(Kind.GENERATED_MISSING, Severity.INFO, str(GENERATED_ROOT), "is not generated yet (run `nox -s regenerate`)")
+        ]
+    findings = []
+    for path in sorted(set(expected) | on_disk):
+        file = repo_root / path
+        if path not in expected:
+            findings.append(Finding(Kind.GENERATED_STALE, Severity.BLOCK, path, "is not produced by the overlay any more; regenerate"))
+        elif not file.exists():
+            findings.append(Finding(Kind.GENERATED_MISSING, Severity.BLOCK, path, "is missing; regenerate"))
+        elif file.read_text() != expected[path]:
+            findings.append(Finding(Kind.GENERATED_STALE, Severity.BLOCK, path, "differs from a regeneration; regenerate"))
+    return findings
+
+
+def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
+    from codegen.checks.runtime import check_classes, check_paths, documented_paths
+
+    from afd_models import plugin  # imports nothing heavy; vLLM comes with the first class
+
+    from vllm import ModelRegistry
+
+    registered = {}
+    for native, (afd_name, _) in plugin.AFD_ARCHITECTURES.items():
+        lazy = ModelRegistry.models[native]
+        registered[plugin.registrations()[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"  # type: ignore[attr-defined]
+    findings = list(check_classes(generation.classes))
+    findings.extend(check_paths(generation.classes, registered, documented_paths(repo_root)))
+    return findings
+
+
+def run_checks(
+    repo_root: Path,
+    *,
+    upstream_root: Path | None = None,
+    use_installed: bool = True,
+    runtime: bool = True,
+    progress: Progress = lambda _: None,
+) -> list[Finding]:
+    from codegen.pipeline import generate, open_context
+
+    try:
+        context = open_context(repo_root, upstream_root=upstream_root, use_installed=use_installed)
+    except SourceError as exc:
+        return [Finding(Kind.UPSTREAM_MISSING, Severity.BLOCK, "upstream", str(exc))]
+    origins = ", ".join(f"{s.package} {s.version} from {s.origin}" for s in context.sources.values())
+    progress(f"checking against {origins}")
+    generation, _ = generate(context)
+    findings = list(generation.findings)
+    fresh = False
+    if not generation.blocked:
+        findings.extend(compare_lock(repo_root, generation))
+        on_disk = compare_generated(repo_root, generation)
+        findings.extend(on_disk)
+        fresh = not on_disk
+    progress("scanning for monkey patches")
+    findings.extend(monkeypatch.scan(repo_root))
+    if not runtime:
+        return findings
+    if importlib.util.find_spec("vllm") is None:
+        findings.append(Finding(Kind.RUNTIME_UNAVAILABLE, Severity.INFO, "vllm", "is not importable here; runtime parity and dotted paths were not checked"))
+    elif not fresh:
+        findings.append(
+            Finding(Kind.RUNTIME_UNAVAILABLE, Severity.INFO, str(GENERATED_ROOT), "is not fresh; runtime checks need a regeneration first")
+        )
+    else:
+        progress("importing vLLM for runtime parity and dotted paths")
+        findings.extend(runtime_findings(repo_root, generation))
+    return findings
