@@ -62,6 +62,9 @@ BASE_CONFIG: dict[str, Any] = {
     "use_cache": True,
 }
 
+#: A variant value that removes the key from the config.
+ABSENT = object()
+
 #: Named variants: the changes each makes to BASE_CONFIG.
 VARIANTS: dict[str, dict[str, Any]] = {
     # DeepSeek-V2: softmax greedy routing, one shared expert.
@@ -78,11 +81,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "norm_topk_prob": True,
         "routed_scaling_factor": 2.5,
     },
-    # No shared experts, two dense layers first, V2-Lite style attention (no q LoRA).
-    "v2-lite-noshared": {
+    # V2-Lite style: no q LoRA, two dense layers first, `n_shared_experts` absent from the config
+    # (the HF config class supplies its default), renormalized top-k, a routed scaling factor.
+    "v2-lite": {
         "num_hidden_layers": 4,
         "first_k_dense_replace": 2,
-        "n_shared_experts": None,
+        "n_shared_experts": ABSENT,
         "q_lora_rank": None,
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.5,
@@ -124,7 +128,23 @@ def tiny_config(variant: str = "v2", overrides: Mapping[str, Any] | None = None)
     config = dict(BASE_CONFIG)
     config.update(VARIANTS[variant])
     config.update(overrides or {})
-    return config
+    return {key: value for key, value in config.items() if value is not ABSENT}
+
+
+def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with the defaults its HF config class supplies for absent keys."""
+    from transformers import AutoConfig
+
+    values = {k: v for k, v in config.items() if k != "model_type"}
+    resolved: dict[str, Any] = AutoConfig.for_model(config["model_type"], **values).to_dict()
+    return {**resolved, **config}
+
+
+def uses_mha(config: Mapping[str, Any]) -> bool:
+    """DeepSeek-V1 style multi-head attention (same rule as vLLM's DeepseekV2DecoderLayer)."""
+    return config.get("model_type") == "deepseek" or all(
+        config.get(k, 0) == 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim")
+    )
 
 
 def is_moe_layer(config: Mapping[str, Any], layer: int) -> bool:
@@ -145,7 +165,7 @@ def build_weights(config: Mapping[str, Any], seed: int, dtype: str = "bfloat16")
     std = config["initializer_range"]
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     heads = config["num_attention_heads"]
-    qk_head = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    qk_head = config.get("qk_nope_head_dim", 0) + config.get("qk_rope_head_dim", 0)
 
     def rand(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator) * std).to(torch_dtype)
@@ -163,20 +183,30 @@ def build_weights(config: Mapping[str, Any], seed: int, dtype: str = "bfloat16")
         weights[prefix + "input_layernorm.weight"] = ones(hidden)
         weights[prefix + "post_attention_layernorm.weight"] = ones(hidden)
         attn = prefix + "self_attn."
-        if config["q_lora_rank"] is None:
+        if uses_mha(config):
+            head_dim = hidden // heads
+            kv_heads = config.get("num_key_value_heads", heads)
+            weights[attn + "q_proj.weight"] = rand(heads * head_dim, hidden)
+            weights[attn + "k_proj.weight"] = rand(kv_heads * head_dim, hidden)
+            weights[attn + "v_proj.weight"] = rand(kv_heads * head_dim, hidden)
+            weights[attn + "o_proj.weight"] = rand(hidden, heads * head_dim)
+        elif config.get("q_lora_rank") is None:
             weights[attn + "q_proj.weight"] = rand(heads * qk_head, hidden)
         else:
             weights[attn + "q_a_proj.weight"] = rand(config["q_lora_rank"], hidden)
             weights[attn + "q_a_layernorm.weight"] = ones(config["q_lora_rank"])
             weights[attn + "q_b_proj.weight"] = rand(heads * qk_head, config["q_lora_rank"])
-        weights[attn + "kv_a_proj_with_mqa.weight"] = rand(
-            config["kv_lora_rank"] + config["qk_rope_head_dim"], hidden
-        )
-        weights[attn + "kv_a_layernorm.weight"] = ones(config["kv_lora_rank"])
-        weights[attn + "kv_b_proj.weight"] = rand(
-            heads * (config["qk_nope_head_dim"] + config["v_head_dim"]), config["kv_lora_rank"]
-        )
-        weights[attn + "o_proj.weight"] = rand(hidden, heads * config["v_head_dim"])
+        if not uses_mha(config):
+            rope, nope, v_dim, kv_rank = (
+                config["qk_rope_head_dim"],
+                config["qk_nope_head_dim"],
+                config["v_head_dim"],
+                config["kv_lora_rank"],
+            )
+            weights[attn + "kv_a_proj_with_mqa.weight"] = rand(kv_rank + rope, hidden)
+            weights[attn + "kv_a_layernorm.weight"] = ones(kv_rank)
+            weights[attn + "kv_b_proj.weight"] = rand(heads * (nope + v_dim), kv_rank)
+            weights[attn + "o_proj.weight"] = rand(hidden, heads * v_dim)
         mlp = prefix + "mlp."
         if not is_moe_layer(config, layer):
             inner = config["intermediate_size"]
@@ -245,21 +275,26 @@ def write_tiny_model(
     Returns:
         The model directory, ready for ``vllm serve`` / ``vllm.LLM``.
     """
+    return write_checkpoint(out_dir, tiny_config(variant, overrides), seed=seed, dtype=dtype)
+
+
+def write_checkpoint(out_dir: str | Path, config: Mapping[str, Any], *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write ``config`` with random weights (reproducible from ``seed``) and the local tokenizer."""
     from safetensors.torch import save_file
 
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: bfloat16, float16, float32")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = tiny_config(variant, overrides)
-    config["torch_dtype"] = dtype
+    config = {**config, "torch_dtype": dtype}
     token_count = build_tokenizer(out, config["vocab_size"])
     if token_count > config["vocab_size"]:
         raise ValueError(f"tokenizer has {token_count} tokens, more than vocab_size={config['vocab_size']}")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    save_file(build_weights(config, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = build_weights(effective_config(config), seed, dtype)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
