@@ -66,8 +66,10 @@ def _member_provenance(member: GeneratedMember) -> list[str]:
             f"{a.edit.id} ({a.edit.action} at line {', '.join(map(str, a.lines)) or 'new code'})" for a in member.anchors
         )
         return [f"fork of {member.upstream}", f"  edits: {edits}"]
-    if decl.kind in (MemberKind.OVERRIDE, MemberKind.OVERRIDE_ATTR):
-        return [f"{decl.kind.value} of {member.upstream} (AFD-owned body)"]
+    if decl.kind is MemberKind.OVERRIDE:
+        return [f"override of {member.upstream} (AFD-owned body)"]
+    if decl.kind is MemberKind.OVERRIDE_ATTR:
+        return [f"override_attr of {member.upstream} (AFD-owned value)"]
     return [f"{decl.kind.value}: AFD-only member"]
 
 

@@ -74,11 +74,9 @@ def _normalize(name: str) -> str:
 def _file_version(filename: str, distribution: str) -> str | None:
     """Version encoded in a wheel or sdist file name, or None if it is not that distribution's."""
     stem = re.sub(r"\.(whl|tar\.gz|zip)$", "", filename)
-    prefix = re.sub(r"[-_.]+", "_", distribution).lower()
-    head = re.sub(r"[-_.]+", "_", stem).lower()
-    if not head.startswith(prefix + "_"):
+    name, _, rest = stem.partition("-")
+    if not rest or _normalize(name) != _normalize(distribution):
         return None
-    rest = stem[len(prefix) + 1 :]
     return rest.split("-")[0]
 
 

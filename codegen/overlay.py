@@ -225,6 +225,8 @@ class _Reader:
         for index, (cst_item, ast_item) in enumerate(zip(body, node.body, strict=True)):
             if index == 0 and isinstance(ast_item, ast.Expr) and isinstance(ast_item.value, ast.Constant):
                 continue  # docstring
+            if isinstance(ast_item, ast.Pass):
+                continue
             if isinstance(ast_item, ast.FunctionDef | ast.AsyncFunctionDef):
                 assert isinstance(cst_item, cst.FunctionDef)
                 result.append(self._method(node.name, cst_item, ast_item))

@@ -1,0 +1,74 @@
+"""Exit codes of ``python -m codegen``: 0 clean, 2 blocking, 3 tool error (never 0 after an exception)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codegen.cli import main
+from codegen.pipeline import generate, write_output
+
+from .fake_repo import HEADER, make_repo
+
+OK = HEADER + "\n@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a\n"
+
+
+def _args(context, *rest: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return ["--repo", str(context.repo_root), *rest, "--upstream-root", str(context.sources["vllm"].root)]
+
+
+def test_regenerate_then_check_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """regenerate writes code and lock; check then finds nothing to block (exit 0), JSON on request."""
+    context = make_repo(tmp_path, OK)
+    assert main(_args(context, "regenerate")) == 0
+    assert main(_args(context, "check", "--no-runtime", "--format", "json")) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"] == "0 block, 0 review, 0 info"
+
+
+def test_blocking_finding_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A signature mismatch blocks: exit 2, nothing written, JSON findings carry code/severity/symbol/message."""
+    context = make_repo(tmp_path, OK.replace("-> int:", ":"))
+    assert main(_args(context, "regenerate")) == 2
+    assert not (context.repo_root / "afd_models/_generated").exists()
+    capsys.readouterr()
+    assert main(_args(context, "check", "--no-runtime", "--format", "json")) == 2
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert {finding["code"], finding["severity"]} == {"SIG007", "block"}
+    assert finding["symbol"].endswith("A.helper") and "return annotation" in finding["message"]
+
+
+def test_stale_lock_blocks_with_a_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A lock that no longer matches a regeneration is LCK002 with a readable diff."""
+    context = make_repo(tmp_path, OK)
+    generation, _ = generate(context)
+    write_output(context.repo_root, generation)
+    lock = context.repo_root / "overlay/overlay.lock"
+    lock.write_text(lock.read_text().replace('"version": "0.26.0"', '"version": "0.25.0"'))
+    assert main(_args(context, "check", "--no-runtime", "-v")) == 2
+    out = capsys.readouterr().out
+    assert "LCK002" in out and '-      "version": "0.25.0"' in out
+
+
+def test_internal_error_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A crash inside the tool (here: a corrupt lock) is exit 3 with the traceback, never a pass."""
+    context = make_repo(tmp_path, OK)
+    (context.repo_root / "overlay/overlay.lock").write_text("{not json")
+    assert main(_args(context, "check", "--no-runtime")) == 3
+    assert "internal error" in capsys.readouterr().err
+
+
+def test_show_marks_edits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """show prints a fork with each edited line tagged by its edit id."""
+    overlay = HEADER + (
+        "\n@subclass()\nclass A(Base):\n"
+        "    @fork(insert_after('super().__init__()', 'marker = 1', id='mark', why='w'))\n"
+        "    def __init__(self, size: int, prefix: str = '') -> None: ...\n"
+    )
+    context = make_repo(tmp_path, overlay)
+    assert main(_args(context, "show", "A.__init__")) == 0
+    out = capsys.readouterr().out
+    assert "mark +     marker = 1" in out
+    assert "super() +     super(Base, self).__init__()" in out

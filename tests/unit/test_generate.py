@@ -1,0 +1,157 @@
+"""The generator on a fake upstream: findings per mistake, golden output, determinism, atomicity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from codegen.generate import GENERATED_ROOT, LOCK_PATH
+from codegen.pipeline import generate, up_to_date, write_output
+
+from .fake_repo import HEADER, make_repo
+
+GOLDEN = Path(__file__).parent / "golden"
+
+GOOD = HEADER + '''
+
+@subclass()
+class AFDBase(Base):
+    """Experts elsewhere."""
+
+    kind = override_attr("afd")
+
+    @fork(
+        insert_after("super().__init__()", "marker = 1", id="marker", why="show an insertion"),
+        replace("make_experts($...A, gate=self.gate, $...B)", "make_experts($...A, gate=None, $...B)", id="no-gate", why="test"),
+        wrap("if size > 4:\\n    ...\\nelse:\\n    ...", "if marker:", id="guard", why="test"),
+    )
+    def __init__(self, size: int, prefix: str = "") -> None: ...
+
+    @override
+    def helper(self, a: int, *, b: int = 2) -> int:
+        return a - b
+
+    @extend
+    def afd_only(self) -> str:
+        return "afd"
+
+
+@subclass(bases=("Base", "Child"), name="AFD{base}Forward")
+class AFDForward(Base):
+    @fork(insert_before("return ...", "x = x", id="touch", why="test"))
+    def forward(self, x, scale: float = 1.0): ...
+'''
+
+
+def codes(overlay: str, tmp_path: Path) -> list[str]:
+    generation, _ = generate(make_repo(tmp_path, HEADER + overlay))
+    return sorted(f.code for f in generation.findings)
+
+
+def test_golden_output(tmp_path: Path) -> None:
+    """The generated module for the fake overlay is exactly the reviewed golden file."""
+    generation, _ = generate(make_repo(tmp_path, GOOD))
+    assert not generation.findings
+    text = generation.files[(GENERATED_ROOT / "vllm/layers.py").as_posix()]
+    assert text == (GOLDEN / "layers.py.txt").read_text()
+
+
+def test_fork_takes_the_body_from_the_mro(tmp_path: Path) -> None:
+    """A fork of ``forward`` for base Child uses Child's own body; super() names Child."""
+    generation, _ = generate(make_repo(tmp_path, GOOD))
+    by_name = {c.name: c for c in generation.classes}
+    assert str(by_name["AFDChildForward"].members[0].upstream) == "vllm.layers:Child.forward"
+    assert str(by_name["AFDBaseForward"].members[0].upstream) == "vllm.layers:Base.forward"
+    text = generation.files[(GENERATED_ROOT / "vllm/layers.py").as_posix()]
+    assert "super(Child, self).forward(y, scale)" in text
+
+
+def test_deterministic(tmp_path: Path) -> None:
+    """Two generations of the same inputs are byte-identical, files and lock."""
+    context = make_repo(tmp_path, GOOD)
+    first, _ = generate(context)
+    second, _ = generate(context)
+    assert first.files == second.files
+    assert first.lock == second.lock
+
+
+def test_write_is_atomic_and_fast_path(tmp_path: Path) -> None:
+    """Output replaces the previous output as a whole; a failing write leaves it untouched."""
+    context = make_repo(tmp_path, GOOD)
+    generation, _ = generate(context)
+    write_output(context.repo_root, generation)
+    assert up_to_date(context)
+    before = {p: p.read_text() for p in (context.repo_root / GENERATED_ROOT).rglob("*.py")}
+    broken, _ = generate(context)
+    broken.files["afd_models/_generated/vllm/layers.py/impossible.py"] = "x = 1\n"  # a file below a file
+    with pytest.raises(OSError):
+        write_output(context.repo_root, broken)
+    after = {p: p.read_text() for p in (context.repo_root / GENERATED_ROOT).rglob("*.py")}
+    assert after == before
+    assert not list((context.repo_root / "afd_models").glob(".generated-*"))
+    assert (context.repo_root / LOCK_PATH).exists()
+
+
+def test_up_to_date_notices_overlay_changes(tmp_path: Path) -> None:
+    """The no-change fast path is off as soon as an overlay file changes."""
+    context = make_repo(tmp_path, GOOD)
+    generation, _ = generate(context)
+    write_output(context.repo_root, generation)
+    overlay = context.repo_root / "overlay/vllm/layers.py"
+    overlay.write_text(overlay.read_text() + "\n")
+    assert not up_to_date(context)
+
+
+@pytest.mark.parametrize(
+    ("overlay", "expected"),
+    [
+        # anchors
+        ("@subclass()\nclass A(Base):\n    @fork(replace('self.nothing = 1', 'pass', id='x', why='w'))\n"
+         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["ANC002"]),
+        ("@subclass()\nclass A(Base):\n    @fork(replace('make_experts(...)', 'None', id='x', why='w'))\n"
+         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["ANC003"]),
+        ("@subclass()\nclass A(Base):\n    @fork(replace('self.x = (', 'pass', id='x', why='w'))\n"
+         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["ANC001"]),
+        # signatures of forks and overrides
+        ("@subclass()\nclass A(Base):\n    @fork(delete('self.done = True', id='x', why='w'))\n"
+         "    def __init__(self, size: int, prefix: str = 'p') -> None: ...", ["SIG005"]),
+        ("@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2):\n        return a", ["SIG007"]),
+        ("@subclass()\nclass A(Base):\n    @override(deltas=(delta('return_annotation', upstream='int', ours=None, why='w'),))\n"
+         "    def helper(self, a: int, *, b: int = 2):\n        return a", []),
+        ("@subclass()\nclass A(Base):\n    @override(deltas=(delta('return_annotation', upstream='int', ours=None, why='w'),))\n"
+         "    def helper(self, a: int, *, b: int = 2) -> int:\n        return a", ["SIG010"]),
+        # targets and shadowing
+        ("@subclass()\nclass A(Base):\n    @override\n    def nowhere(self) -> None:\n        return None", ["OVL003"]),
+        ("@subclass()\nclass A(Base):\n    @extend\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a", ["OVL004"]),
+        ("@subclass()\nclass A(Base):\n    flag = extend_attr(1)", ["OVL001"]),  # extend_attr not imported in HEADER
+        ("@subclass()\nclass A(Base):\n    kind = override_attr(1)", []),
+        ("@subclass(bases=('Nope',))\nclass A(Base):\n    pass", ["OVL002"]),
+        ("@subclass(relies_on=('helper',))\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+         "        return a", ["OVL001"]),
+        # names
+        ("@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return undefined(a)",
+         ["OVL006"]),
+        ("@subclass()\nclass A(Base):\n    @fork(replace('self.done = True', 'self.done = helper_fn()', id='x', why='w'))\n"
+         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["OVL006"]),
+        # declarations
+        ("@subclass()\nclass A(Base):\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a", ["OVL001"]),
+        ("@subclass()\nclass A(Base):\n    @fork()\n    def helper(self, a: int, *, b: int = 2) -> int: ...", ["OVL001"]),
+        ("@subclass(bases=('Base', 'Child'))\nclass A(Base):\n    pass", ["OVL001"]),
+        ("class A(Base):\n    pass", ["OVL001"]),
+        ("x = 1 + undefined", ["OVL001"]),
+    ],
+)
+def test_findings_table(overlay: str, expected: list[str], tmp_path: Path) -> None:
+    """Each overlay mistake yields exactly its finding code; valid declarations yield none."""
+    assert codes(overlay, tmp_path) == expected
+
+
+def test_name_clash_between_overlay_import_and_upstream(tmp_path: Path) -> None:
+    """An overlay import that rebinds a name a forked body uses is a NAME_CLASH."""
+    overlay = (
+        "from os.path import join as make_experts\n"
+        "@subclass()\nclass A(Base):\n    @fork(delete('self.done = True', id='x', why='w'))\n"
+        "    def __init__(self, size: int, prefix: str = '') -> None: ..."
+    )
+    assert codes(overlay, tmp_path) == ["OVL005"]
