@@ -8,6 +8,8 @@ exchange activations with the FFN role. Each role constructs only what it runs; 
 one place, ``afd_models.models.plan``.
 """
 
+from collections.abc import Iterable
+
 import torch
 from transformers import DeepseekV2Config, DeepseekV3Config
 from vllm.compilation.decorators import support_torch_compile
@@ -23,9 +25,10 @@ from vllm.model_executor.models.deepseek_v2 import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
 
+from afd_models.models.loading import counting, finish_loading, mark_unloaded
 from afd_models.models.plan import afd_plan
 from afd_models.models.remote import RemoteExperts
-from codegen.markers import extend, fork, insert_after, override_attr, replace, subclass, wrap
+from codegen.markers import extend, fork, insert_after, override, override_attr, replace, subclass, wrap
 
 _PLAN_FROM_CONTEXT = insert_after(
     "super().__init__()",
@@ -237,7 +240,7 @@ class AFDDeepseekV2Model(DeepseekV2Model):
 @subclass(
     bases=("DeepseekV2ForCausalLM", "DeepseekForCausalLM", "DeepseekV3ForCausalLM"),
     name="AFD{base}",
-    relies_on=("forward", "load_weights", "compute_logits", "set_moe_parameters"),
+    relies_on=("forward", "compute_logits", "set_moe_parameters"),
 )
 class AFDDeepseekV2ForCausalLM(DeepseekV2ForCausalLM):
     """The AFD causal LM: vLLM's class with the AFD model, lm_head on the Attention role only."""
@@ -247,9 +250,9 @@ class AFDDeepseekV2ForCausalLM(DeepseekV2ForCausalLM):
     @fork(
         insert_after(
             "super().__init__()",
-            "plan = afd_plan(vllm_config)",
+            "plan = afd_plan(vllm_config)\nself.afd_plan = plan",
             id="plan",
-            why="the role decides what the model builds",
+            why="the role decides what the model builds (kept for loading)",
         ),
         replace(
             "get_pp_group().is_last_rank",
@@ -259,6 +262,14 @@ class AFDDeepseekV2ForCausalLM(DeepseekV2ForCausalLM):
         ),
     )
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""): ...
+
+    @override
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """vLLM's loader, plus the check it cannot make: every parameter of the role was filled."""
+        mark_unloaded(self)
+        read = [0]
+        loaded = super().load_weights(counting(weights, read))
+        return finish_loading(self, self.afd_plan.config.role.value, read[0], loaded)
 
     @extend
     def ffn_layer_indices(self) -> list[int]:

@@ -1,0 +1,45 @@
+"""The generated AFD model equals native vLLM, layer by layer, for several configs and both gate placements.
+
+Runs ``python -m afd_models.verify`` (the command users run on their configs) and checks its
+JSON: per-layer differences, output tokens, and the split of parameters between the roles.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from afd_models.testing.tiny_models import tiny_config
+
+CASES = [("v2", "float32"), ("v3", "bfloat16"), ("v2-lite", "float32"), ("v2-grouped", "bfloat16")]
+
+
+@pytest.mark.parametrize(("variant", "dtype"), CASES, ids=[f"{v}-{d}" for v, d in CASES])
+def test_verify_passes(variant: str, dtype: str, tmp_path: Path, vllm_env: dict[str, str]) -> None:
+    """Both gate placements match native within the dtype's tolerance (bitwise for float32)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny_config(variant)))
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    result = subprocess.run(
+        [sys.executable, "-m", "afd_models.verify", "--hf-config", str(config), "--dtype", dtype, "--json", str(report)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    data = json.loads(report.read_text())
+    for gate in ("ffn", "attention"):
+        entry = data[f"gate_on_{gate}"]
+        assert entry["tokens_equal"] and entry["forwards"] >= 2
+        if dtype == "float32":
+            assert entry["max_abs"] == 0.0
+        split = entry["params"]
+        assert split["missing"] == [] and split["extra"] == []
+        assert not any(".self_attn." in name for name in split["ffn"])
+        assert not any(".mlp.experts." in name or "shared_experts" in name for name in split["attention"])
+        gate_params = sorted(n for n in split["ffn"] if ".mlp.gate." in n)
+        assert split["both"] == (gate_params if gate == "attention" else [])
+        assert not any("embed_tokens" in n or "lm_head" in n for n in split["ffn"])
