@@ -1,0 +1,227 @@
+"""Start, query and stop ``vllm serve`` processes on 127.0.0.1: the e2e tests, the demo and benchmarks use this.
+
+Every server runs in its own process group, so stopping it stops its EngineCore and workers too;
+every wait has a deadline; a server that dies while starting raises with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: environment every server gets (CPU platform, no hub, no usage stats, no Dynamo start-up cost)
+SERVER_ENV = {
+    "VLLM_MLA_DISABLE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+#: engine flags shared by the AFD pair and the baseline, so their outputs are comparable
+COMMON_ARGS = (
+    "--max-model-len", "512",
+    "--enforce-eager",
+    "--max-num-batched-tokens", "512",
+    "--max-num-seqs", "16",
+    "--served-model-name", "tiny",
+)
+ATTENTION_WORKER = "afd_models.workers.AFDAttentionCPUWorker"
+FFN_WORKER = "afd_models.workers.AFDFFNCPUWorker"
+
+
+class ServerError(RuntimeError):
+    """A server failed to start, answer or stop in time."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class Server:
+    """One ``vllm serve`` process group."""
+
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def vllm_command() -> list[str]:
+    """``vllm`` of this interpreter's environment."""
+    return [str(Path(sys.executable).with_name("vllm"))]
+
+
+def start(
+    name: str,
+    model: Path,
+    port: int,
+    log_dir: Path,
+    *,
+    dtype: str = "float32",
+    afd: Mapping[str, Any] | None = None,
+    worker_cls: str | None = None,
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cpu: str | None = None,
+) -> Server:
+    """Launch ``vllm serve`` in the background; ``afd`` is the ``additional_config["afd"]`` section."""
+    args = [*vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, *COMMON_ARGS]
+    if worker_cls:
+        args += ["--worker-cls", worker_cls]
+    if afd is not None:
+        args += ["--additional-config", json.dumps({"afd": dict(afd)})]
+    args += list(extra)
+    full_env = {**os.environ, **SERVER_ENV, **(env or {})}
+    if cpu is not None:
+        full_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    return Server(name, port, process, log)
+
+
+def start_ffn(name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any) -> Server:
+    """The FFN role: its worker, and the flags it needs (documented in docs/user-guide.md)."""
+    extra = ("--no-enable-prefix-caching", "--shutdown-timeout", "5", *kwargs.pop("extra", ()))
+    return start(name, model, port, log_dir, afd={**afd, "role": "ffn"}, worker_cls=FFN_WORKER, extra=extra, **kwargs)
+
+
+def start_attention(name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any) -> Server:
+    extra = ("--shutdown-timeout", "5", *kwargs.pop("extra", ()))
+    return start(name, model, port, log_dir, afd={**afd, "role": "attention"}, worker_cls=ATTENTION_WORKER, extra=extra, **kwargs)
+
+
+def wait_ready(servers: Sequence[Server], timeout_s: float = 300.0, progress: bool = False) -> None:
+    """Until every server answers ``/health`` with 200; raise if one exits or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(servers)
+    while pending:
+        for server in list(pending):
+            if not server.alive():
+                raise ServerError(f"{server.name} exited with {server.process.returncode} while starting:\n{server.log_tail()}")
+            if health(server) == 200:
+                pending.remove(server)
+                if progress:
+                    print(f"[serve] {server.name} ready on :{server.port} after {time.monotonic() - server.started:.0f} s", flush=True)
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(s.name for s in pending)
+            raise ServerError(f"{names} not ready within {timeout_s:.0f} s:\n{pending[0].log_tail()}")
+        time.sleep(0.5)
+
+
+def health(server: Server, timeout_s: float = 2.0) -> int:
+    try:
+        with urllib.request.urlopen(f"{server.url}/health", timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+def post(server: Server, path: str, body: Mapping[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:
+    """POST JSON; returns (status, decoded body). Network errors raise ServerError."""
+    request = urllib.request.Request(
+        f"{server.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return int(response.status), json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        text = exc.read() or b"{}"
+        try:
+            return int(exc.code), json.loads(text)
+        except json.JSONDecodeError:
+            return int(exc.code), {"error": text.decode(errors="replace")}
+    except OSError as exc:
+        raise ServerError(f"{server.name}: {path} failed: {exc}") from exc
+
+
+def complete(server: Server, prompt: str, max_tokens: int, timeout_s: float = 120.0) -> list[int]:
+    """Greedy completion token ids; raises ServerError on any non-200 answer."""
+    status, body = post(
+        server,
+        "/v1/completions",
+        {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True},
+        timeout_s,
+    )
+    if status != 200:
+        raise ServerError(f"{server.name}: completion answered {status}: {body}")
+    return list(body["choices"][0]["token_ids"])
+
+
+def stop(server: Server, timeout_s: float = 30.0) -> int | None:
+    """SIGTERM the server's process group, wait, then SIGKILL what is left; the server's exit code."""
+    if server.alive():
+        try:
+            os.killpg(server.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            server.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(server)
+    return server.process.returncode
+
+
+def kill_group(server: Server) -> None:
+    """SIGKILL everything left in the server's process group (no-op when it is gone)."""
+    try:
+        os.killpg(server.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        server.process.wait(10)
+    except subprocess.TimeoutExpired as exc:
+        raise ServerError(f"{server.name} (pid {server.process.pid}) did not die after SIGKILL") from exc
+
+
+def group_alive(server: Server) -> bool:
+    """Whether any process of the server's group is still running."""
+    try:
+        os.killpg(server.process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,110 @@
+"""AFD end to end: FFN and Attention ``vllm serve`` processes on 127.0.0.1 against a plain vLLM baseline.
+
+For both gate placements (each started in a different order): greedy completions equal the
+baseline token for token, with 4 concurrent requests; the FFN engine refuses requests; killing
+the FFN makes Attention requests fail with a clear error within the connector timeout; both roles
+stop cleanly and release their ports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from afd_models.testing import serve
+from afd_models.testing.tiny_models import write_tiny_model
+
+PROMPTS = ["Hello world, the license", "The quick brown fox", "Numbers like 0 1 2", "Attention and experts"]
+MAX_TOKENS = 24
+TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny", "v2", seed=0, dtype="float32", lm_head_scale=50.0)
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def baseline(model: Path, logs: Path) -> Iterator[serve.Server]:
+    server = serve.start("baseline", model, serve.free_port(), logs, cpu="0")
+    try:
+        serve.wait_ready([server])
+        yield server
+    finally:
+        serve.stop(server)
+
+
+def _concurrently(server: serve.Server) -> list[list[int]]:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: serve.complete(server, p, MAX_TOKENS), PROMPTS))
+
+
+@pytest.mark.parametrize(
+    ("gate_on_attention", "ffn_first"), [(False, True), (True, False)], ids=["gate-on-ffn/ffn-first", "gate-on-attention/attention-first"]
+)
+def test_pair_matches_baseline_and_fails_cleanly(
+    gate_on_attention: bool, ffn_first: bool, model: Path, logs: Path, baseline: serve.Server
+) -> None:
+    """Start order does not matter; tokens equal the baseline; a dead FFN gives a clear, bounded failure."""
+    afd = {
+        "port": serve.free_port(),
+        "compute_gate_on_attention": gate_on_attention,
+        "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 240},
+    }
+    tag = "attention" if gate_on_attention else "ffn"
+    starters = [
+        lambda: serve.start_ffn(f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu="1"),
+        lambda: serve.start_attention(f"attention-{tag}", model, serve.free_port(), logs, afd, cpu="0"),
+    ]
+    if not ffn_first:
+        starters.reverse()
+    first = starters[0]()
+    time.sleep(5)  # the second role really starts later
+    second = starters[1]()
+    ffn, attention = (first, second) if ffn_first else (second, first)
+    try:
+        serve.wait_ready([ffn, attention])
+        expected = _concurrently(baseline)
+        assert _concurrently(attention) == expected
+        assert all(len(tokens) == MAX_TOKENS for tokens in expected)
+
+        status, _ = serve.post(ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert status == 404  # the FFN engine registers no generation routes
+
+        serve.kill_group(ffn)
+        started = time.monotonic()
+        status, body = serve.post(attention, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 4}, 120)
+        assert status != 200, body
+        assert time.monotonic() - started < TIMEOUT_S + 30
+        assert "AFD gloo connector" in attention.log.read_text(errors="replace")
+    finally:
+        codes = {s.name: serve.stop(s) for s in (attention, ffn)}
+    assert not serve.group_alive(attention) and not serve.group_alive(ffn)
+    assert serve.port_is_free(afd["port"]) and serve.port_is_free(attention.port)
+    assert codes[attention.name] is not None
+
+
+def test_pair_stops_cleanly(model: Path, logs: Path) -> None:
+    """SIGTERM stops both roles with exit code 0 and leaves no process or port behind."""
+    afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": TIMEOUT_S}}
+    ffn = serve.start_ffn("ffn-stop", model, serve.free_port(), logs, afd, cpu="1")
+    attention = serve.start_attention("attention-stop", model, serve.free_port(), logs, afd, cpu="0")
+    try:
+        serve.wait_ready([ffn, attention])
+        assert len(serve.complete(attention, PROMPTS[0], 4)) == 4
+    finally:
+        attention_code = serve.stop(attention)
+        ffn_code = serve.stop(ffn)
+    assert (attention_code, ffn_code) == (0, 0)
+    assert not serve.group_alive(attention) and not serve.group_alive(ffn)
+    assert serve.port_is_free(afd["port"])
+    assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
