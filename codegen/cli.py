@@ -109,14 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_options(show)
     show.add_argument("symbol", help="e.g. AFDDeepseekV2MoE.__init__")
     show.set_defaults(func=cmd_show)
+
+    from codegen.drift_cli import add_drift_commands
+
+    add_drift_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from codegen.fetch import FetchError
+    from codegen.sources import SourceError
+
     try:
         return int(args.func(args))
+    except (SourceError, FetchError) as exc:  # upstream not available: nothing was analysed
+        print(f"codegen {args.command}: {exc}; exit {EXIT_TOOL_ERROR}", file=sys.stderr)
+        return EXIT_TOOL_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_TOOL_ERROR

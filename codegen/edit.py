@@ -12,11 +12,12 @@ Sketch, ``wrap("self.self_attn = attn_cls(...)", "if builds_attention:")``::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from codegen.markers import Edit
 from codegen.pattern import (
@@ -56,6 +57,11 @@ class ParsedMethod:
     #: 1-based line in the upstream file of the wrapper's second line (first decorator or ``def``)
     first_line: int
 
+    @functools.cached_property
+    def positions(self) -> Mapping[cst.CSTNode, CodeRange]:
+        """Positions of every node, resolved once per method."""
+        return MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+
     @property
     def function(self) -> cst.FunctionDef:
         cls = self.module.body[0]
@@ -72,8 +78,7 @@ def parse_method(source: str, first_line: int) -> ParsedMethod:
 
 def anchor_lines(method: ParsedMethod, pattern: Pattern) -> tuple[list[int], list[str]]:
     """Upstream lines and normalized code of every match of ``pattern`` in the pinned body."""
-    wrapper = MetadataWrapper(method.module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
+    positions = method.positions
     matches = find_matches(pattern, method.function.body)
     lines, codes = [], []
     for match in matches:

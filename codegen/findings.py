@@ -72,6 +72,32 @@ class Kind(enum.Enum):
     # upstream source
     UPSTREAM_MISSING = "UPS001"
     UPSTREAM_HASH = "UPS002"
+    # drift between two upstream versions
+    DRIFT_REMOVED = "DRF001"
+    DRIFT_MOVED = "DRF002"
+    DRIFT_RENAMED = "DRF003"
+    DRIFT_KIND = "DRF004"
+    DRIFT_PARAM_ADDED = "DRF010"
+    DRIFT_PARAM_REMOVED = "DRF011"
+    DRIFT_PARAM_RENAMED = "DRF012"
+    DRIFT_PARAM_KIND = "DRF013"
+    DRIFT_PARAM_ORDER = "DRF014"
+    DRIFT_PARAM_DEFAULT = "DRF015"
+    DRIFT_PARAM_ANNOTATION = "DRF016"
+    DRIFT_RETURN_ANNOTATION = "DRF017"
+    DRIFT_DECORATORS = "DRF018"
+    DRIFT_BODY = "DRF020"
+    DRIFT_INHERITED_BODY = "DRF021"
+    DRIFT_CALLEE_SIGNATURE = "DRF022"
+    DRIFT_ANCHOR_LOST = "DRF030"
+    DRIFT_ANCHOR_COUNT = "DRF031"
+    DRIFT_REBASED = "DRF032"
+    DRIFT_REBASE_CONFLICT = "DRF033"
+    DRIFT_EXTEND_SHADOWS = "DRF040"
+    DRIFT_BASES = "DRF041"
+    DRIFT_MRO = "DRF042"
+    DRIFT_REGISTRY = "DRF050"
+    DRIFT_UNANALYSED = "DRF060"
     # the tool itself
     INTERNAL_ERROR = "TOOL001"
 
@@ -122,6 +148,31 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.PATCH_MOCK: "a mock patch targets an upstream module or class",
     Kind.UPSTREAM_MISSING: "the pinned upstream source is not available",
     Kind.UPSTREAM_HASH: "an upstream file does not match its pinned hash",
+    Kind.DRIFT_REMOVED: "an upstream symbol was removed",
+    Kind.DRIFT_MOVED: "an upstream symbol moved to another module",
+    Kind.DRIFT_RENAMED: "an upstream method was renamed",
+    Kind.DRIFT_KIND: "an upstream symbol changed kind",
+    Kind.DRIFT_PARAM_ADDED: "an upstream signature gained a parameter",
+    Kind.DRIFT_PARAM_REMOVED: "an upstream signature lost a parameter",
+    Kind.DRIFT_PARAM_RENAMED: "an upstream parameter was renamed",
+    Kind.DRIFT_PARAM_KIND: "an upstream parameter changed kind",
+    Kind.DRIFT_PARAM_ORDER: "upstream parameters were reordered",
+    Kind.DRIFT_PARAM_DEFAULT: "an upstream default changed",
+    Kind.DRIFT_PARAM_ANNOTATION: "an upstream parameter annotation changed",
+    Kind.DRIFT_RETURN_ANNOTATION: "an upstream return annotation changed",
+    Kind.DRIFT_DECORATORS: "upstream decorators changed",
+    Kind.DRIFT_BODY: "the upstream body an override replaces changed",
+    Kind.DRIFT_INHERITED_BODY: "an inherited upstream body changed",
+    Kind.DRIFT_CALLEE_SIGNATURE: "a name a forked body calls changed its signature",
+    Kind.DRIFT_ANCHOR_LOST: "a fork's anchor matches nothing in the new version",
+    Kind.DRIFT_ANCHOR_COUNT: "a fork's anchor matches a different number of places in the new version",
+    Kind.DRIFT_REBASED: "a fork's edits apply cleanly to the new body",
+    Kind.DRIFT_REBASE_CONFLICT: "a fork's edits apply, but upstream changed the code they edit",
+    Kind.DRIFT_EXTEND_SHADOWS: "an extend name now exists upstream",
+    Kind.DRIFT_BASES: "an upstream class changed its bases",
+    Kind.DRIFT_MRO: "the MRO of an overlaid class changed",
+    Kind.DRIFT_REGISTRY: "an architecture AFD registers changed in vLLM's model registry",
+    Kind.DRIFT_UNANALYSED: "a symbol could not be analysed",
     Kind.INTERNAL_ERROR: "the tool failed",
 }
 
@@ -159,6 +210,8 @@ class Finding:
     new: str | None = None
     #: extra lines shown in verbose output (diffs, tracebacks)
     details: tuple[str, ...] = field(default=())
+    #: where in the *new* upstream version (drift only)
+    target: Location | None = None
 
     @property
     def code(self) -> str:
@@ -172,6 +225,8 @@ class Finding:
         lines = [self.one_line()]
         if self.upstream:
             lines.append(f"    upstream: {self.upstream}")
+        if self.target:
+            lines.append(f"    new:      {self.target}")
         if self.ours:
             lines.append(f"    ours:     {self.ours}")
         if self.old is not None:
@@ -190,6 +245,7 @@ class Finding:
             "message": self.message,
             "ours": str(self.ours) if self.ours else None,
             "upstream": str(self.upstream) if self.upstream else None,
+            "target": str(self.target) if self.target else None,
             "old": self.old,
             "new": self.new,
             "details": list(self.details),

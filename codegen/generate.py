@@ -38,6 +38,8 @@ LOCK_PATH = Path("overlay/overlay.lock")
 PINS_PATH = Path("overlay/pins.toml")
 #: Hand-written runtime whose upstream imports the lock records.
 RUNTIME_ROOT = Path("afd_models")
+#: The runtime's list of upstream attributes it reads (``UPSTREAM_FIELDS``), read statically.
+CONTRACT_PATH = RUNTIME_ROOT / "contract.py"
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Generation:
     findings: list[Finding] = field(default_factory=list)
     #: upstream symbols the hand-written runtime imports: ref -> files
     runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)
+    #: upstream attributes the runtime reads (afd_models/contract.py)
+    runtime_fields: list[SymbolRef] = field(default_factory=list)
 
     @property
     def blocked(self) -> bool:
@@ -122,7 +126,42 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
         result.findings.extend(namespace.findings)
     result.findings = list(dict.fromkeys(result.findings))  # one finding per problem, even with several bases
     result.runtime_imports = runtime_upstream_imports(repo_root, index)
+    for ref, users in result.runtime_imports.items():
+        if not index.is_indexed_class(ref) and index.resolve(ref.module, ref.qualname.split(".")[0]) is None:
+            result.findings.append(
+                Finding(
+                    Kind.UNBOUND_NAME,
+                    Severity.BLOCK,
+                    str(ref),
+                    f"the runtime imports it ({users[0]}), but upstream does not define it",
+                    Location(users[0].rsplit(":", 1)[0], int(users[0].rsplit(":", 1)[1])),
+                )
+            )
+    result.runtime_fields = runtime_fields(repo_root)
+    for ref in result.runtime_fields:
+        owner, _, member = ref.qualname.partition(".")
+        if index.find_member(SymbolRef(ref.module, owner), member) is None:
+            result.findings.append(
+                Finding(
+                    Kind.TARGET_MISSING,
+                    Severity.BLOCK,
+                    str(ref),
+                    "the runtime reads this attribute, which upstream does not define; update afd_models/contract.py and the code",
+                    Location(str(CONTRACT_PATH)),
+                )
+            )
     return result
+
+
+def runtime_fields(repo_root: Path) -> list[SymbolRef]:
+    """``UPSTREAM_FIELDS`` of afd_models/contract.py (empty when the file does not exist)."""
+    path = repo_root / CONTRACT_PATH
+    if not path.exists():
+        return []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["UPSTREAM_FIELDS"]:
+            return [SymbolRef.parse(text) for text in ast.literal_eval(node.value)]
+    return []
 
 
 def _build_class(

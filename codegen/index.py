@@ -107,6 +107,7 @@ class UpstreamIndex:
     def __init__(self, sources: dict[str, UpstreamSource]):
         self.sources = sources
         self._modules: dict[str, ModuleInfo | None] = {}
+        self._mro: dict[SymbolRef, list[SymbolRef]] = {}
 
     # ------------------------------------------------------------------ modules
 
@@ -153,7 +154,7 @@ class UpstreamIndex:
 
     def _collect(self, info: ModuleInfo) -> None:
         package = info.name if info.is_package else info.name.rsplit(".", 1)[0]
-        for node in info.tree.body:
+        for node in _top_level(info.tree.body):
             if isinstance(node, ast.ClassDef):
                 info.classes[node.name] = node
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -268,8 +269,10 @@ class UpstreamIndex:
         return [b for b in result if str(b) != "builtins:object"]
 
     def mro(self, ref: SymbolRef) -> list[SymbolRef]:
-        """C3 linearization over indexed classes; non-indexed bases are leaves."""
-        return _c3(ref, self)
+        """C3 linearization over indexed classes; non-indexed bases are leaves (cached)."""
+        if ref not in self._mro:
+            self._mro[ref] = _c3(ref, self)
+        return list(self._mro[ref])
 
     def is_indexed_class(self, ref: SymbolRef) -> bool:
         return self.class_node(ref) is not None
@@ -311,6 +314,23 @@ class UpstreamIndex:
             for name, node in self.own_members(cls).items():
                 result.setdefault(name, Member(cls.member(name), node, info))
         return result
+
+
+def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Module-level statements, including those inside top-level ``if`` / ``try`` blocks
+    (``if TYPE_CHECKING:`` imports say where lazily exported names really live)."""
+    result: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, ast.If):
+            result += _top_level(node.body) + _top_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            result += _top_level(node.body)
+            for handler in node.handlers:
+                result += _top_level(handler.body)
+            result += _top_level(node.orelse) + _top_level(node.finalbody)
+        else:
+            result.append(node)
+    return result
 
 
 def _absolute(package: str, module: str | None, level: int) -> str:

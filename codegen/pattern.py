@@ -330,14 +330,23 @@ def find_matches(pattern: Pattern, root: cst.CSTNode) -> list[Match]:
     if pattern.expression is not None:
         return list(_expression_matches(pattern.expression, root, None))
     matches = []
+    statements = list(pattern.statements)
+    fixed = not any(_is_many(s) for s in statements)  # then a match spans exactly len(statements)
+    first_type = type(statements[0])
     for block in _blocks(root):
         body = list(block_body(block))
         start = 0
         while start < len(body):
             found = None
-            for stop in range(start + 1, len(body) + 1):
+            if type(body[start]) is not first_type:
+                start += 1
+                continue
+            stops = [start + len(statements)] if fixed else range(start + 1, len(body) + 1)
+            for stop in stops:
+                if stop > len(body):
+                    break
                 bindings: Bindings = {}
-                if match_node(list(pattern.statements), body[start:stop], bindings):
+                if match_node(statements, body[start:stop], bindings):
                     found = Match(block, start, stop, None, None, bindings)
                     break
             if found is None:

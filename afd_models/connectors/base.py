@@ -85,6 +85,8 @@ class ExchangeStats:
     exchanges: int = 0
     total_s: float = 0.0
     bytes_sent: int = 0
+    #: forward steps announced to the FFN side
+    steps: int = 0
     _started: dict[int, float] = field(default_factory=dict)
 
     def started(self, layer_idx: int, nbytes: int) -> None:
@@ -99,7 +101,7 @@ class ExchangeStats:
 
     def as_dict(self) -> dict[str, float]:
         mean = self.total_s / self.exchanges if self.exchanges else 0.0
-        return {"exchanges": self.exchanges, "mean_round_trip_s": mean, "bytes_sent": self.bytes_sent}
+        return {"steps": self.steps, "exchanges": self.exchanges, "mean_round_trip_s": mean, "bytes_sent": self.bytes_sent}
 
 
 class AFDConnector(ABC):
@@ -123,6 +125,7 @@ class AFDConnector(ABC):
             raise AFDConnectionError("send before set_layers: bind the connector to the model first")
         if layer_idx == self.layers[0]:
             self._step += 1
+            self.stats.steps += 1
             self._next = 0
             width, logits_dtype = (
                 (0, torch.float32) if router_logits is None else (router_logits.shape[-1], router_logits.dtype)

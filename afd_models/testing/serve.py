@@ -189,6 +189,15 @@ def complete(server: Server, prompt: str, max_tokens: int, timeout_s: float = 12
     return list(body["choices"][0]["token_ids"])
 
 
+def connector_stats(server: Server) -> dict[str, float]:
+    """The Attention worker's connector statistics (the server must run with VLLM_SERVER_DEV_MODE=1)."""
+    status, body = post(server, "/collective_rpc", {"method": "afd_connector_stats"}, 30)
+    if status != 200:
+        raise ServerError(f"{server.name}: /collective_rpc answered {status} (is VLLM_SERVER_DEV_MODE=1 set?): {body}")
+    stats: dict[str, float] = body["results"][0]
+    return stats
+
+
 def stop(server: Server, timeout_s: float = 30.0) -> int | None:
     """SIGTERM the server's process group, wait, then SIGKILL what is left; the server's exit code."""
     if server.alive():
@@ -216,12 +225,23 @@ def kill_group(server: Server) -> None:
         raise ServerError(f"{server.name} (pid {server.process.pid}) did not die after SIGKILL") from exc
 
 
+def group_members(server: Server) -> list[int]:
+    """Live (non-zombie) processes of the server's process group, from /proc (Linux).
+
+    Zombies are left out: a container's init may reap orphans late, and a zombie runs nothing.
+    """
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, pgid = fields[0], int(fields[2])
+        if pgid == server.process.pid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def group_alive(server: Server) -> bool:
     """Whether any process of the server's group is still running."""
-    try:
-        os.killpg(server.process.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return bool(group_members(server))

@@ -157,13 +157,15 @@ def is_moe_layer(config: Mapping[str, Any], layer: int) -> bool:
 
 
 def build_weights(
-    config: Mapping[str, Any], seed: int, dtype: str = "bfloat16", lm_head_scale: float = 1.0
+    config: Mapping[str, Any], seed: int, dtype: str = "bfloat16", margin_scale: float = 1.0
 ) -> dict[str, Any]:
     """Random checkpoint tensors for ``config``, reproducible from ``seed``.
 
-    ``lm_head_scale`` widens the logits: with the default initializer a random model has many
-    near-tied logits, and greedy tokens then depend on batch-shape rounding; a scale of ~50 makes
-    greedy decoding a stable, comparable signal for end-to-end tests.
+    ``margin_scale`` multiplies the output head and the MoE router weights. With the default
+    initializer a random model has near-tied logits and near-tied expert scores, so greedy tokens
+    (and expert choices) depend on the last bits of batch-shape dependent rounding; a scale of
+    ~50 makes both decisions robust, and greedy decoding a stable signal for end-to-end tests
+    whose batches may be formed differently.
     """
     import torch
 
@@ -183,7 +185,7 @@ def build_weights(
     weights: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": rand(vocab, hidden),
         "model.norm.weight": ones(hidden),
-        "lm_head.weight": (rand(vocab, hidden).float() * lm_head_scale).to(torch_dtype),
+        "lm_head.weight": (rand(vocab, hidden).float() * margin_scale).to(torch_dtype),
     }
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
@@ -222,7 +224,7 @@ def build_weights(
             weights[mlp + "down_proj.weight"] = rand(hidden, inner)
             continue
         experts, inner = config["n_routed_experts"], config["moe_intermediate_size"]
-        weights[mlp + "gate.weight"] = rand(experts, hidden)
+        weights[mlp + "gate.weight"] = (rand(experts, hidden).float() * margin_scale).to(torch_dtype)
         if config.get("topk_method") == "noaux_tc":
             bias = torch.randn(experts, generator=generator) * 0.1
             weights[mlp + "gate.e_score_correction_bias"] = bias.to(torch.float32)
@@ -276,18 +278,18 @@ def write_tiny_model(
     seed: int = 0,
     dtype: str = "bfloat16",
     overrides: Mapping[str, Any] | None = None,
-    lm_head_scale: float = 1.0,
+    margin_scale: float = 1.0,
 ) -> Path:
     """Write config, safetensors weights, tokenizer and generation config to ``out_dir``.
 
     Returns:
         The model directory, ready for ``vllm serve`` / ``vllm.LLM``.
     """
-    return write_checkpoint(out_dir, tiny_config(variant, overrides), seed=seed, dtype=dtype, lm_head_scale=lm_head_scale)
+    return write_checkpoint(out_dir, tiny_config(variant, overrides), seed=seed, dtype=dtype, margin_scale=margin_scale)
 
 
 def write_checkpoint(
-    out_dir: str | Path, config: Mapping[str, Any], *, seed: int = 0, dtype: str = "bfloat16", lm_head_scale: float = 1.0
+    out_dir: str | Path, config: Mapping[str, Any], *, seed: int = 0, dtype: str = "bfloat16", margin_scale: float = 1.0
 ) -> Path:
     """Write ``config`` with random weights (reproducible from ``seed``) and the local tokenizer."""
     from safetensors.torch import save_file
@@ -303,7 +305,7 @@ def write_checkpoint(
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    weights = build_weights(effective_config(config), seed, dtype, lm_head_scale)
+    weights = build_weights(effective_config(config), seed, dtype, margin_scale)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--lm-head-scale", type=float, default=1.0, help="widen logit margins (see build_weights)")
     args = parser.parse_args(argv)
-    path = write_tiny_model(args.out_dir, args.variant, seed=args.seed, dtype=args.dtype, lm_head_scale=args.lm_head_scale)
+    path = write_tiny_model(args.out_dir, args.variant, seed=args.seed, dtype=args.dtype, margin_scale=args.margin_scale)
     print(path)
     return 0
 

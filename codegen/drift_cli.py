@@ -1,0 +1,237 @@
+"""``python -m codegen drift`` and ``python -m codegen audit``: the upgrade workflow.
+
+    python -m codegen drift --to 0.28.0 [--from 0.26.0] [--from-root DIR] [--to-root DIR]
+                            [--format md|json|sarif] [--out FILE]
+    python -m codegen audit --to 0.28.0 [--to-root DIR] [--out DIR] [--apply]
+
+``drift`` compares every symbol the overlay and runtime use between two upstream versions.
+``audit`` adds a dry-run regeneration against the new version (in memory), the diff of the
+generated code and a work list, as Markdown with a JSON twin. Neither touches the overlay or the
+lock; ``audit --apply`` re-pins and regenerates (pins, lock, generated code) only when nothing
+blocks, for review in a normal diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codegen.drift import Side, fork_findings, native_architectures, registry_findings, symbol_findings
+from codegen.findings import EXIT_BLOCK, Finding, Severity, exit_code, summary
+from codegen.generate import LOCK_PATH, PINS_PATH
+from codegen.index import UpstreamIndex
+from codegen.lock import read_lock
+from codegen.markers import Edit
+from codegen.overlay import load_overlay, overlay_files
+from codegen.report import as_json, as_markdown, as_sarif, counts, ordered
+
+GENERATED_DIFF_LINES = 400
+
+
+@dataclass
+class DriftRun:
+    """One drift comparison and what it cost."""
+
+    old_version: str
+    new_version: str
+    findings: list[Finding]
+    old_index: UpstreamIndex
+    new_index: UpstreamIndex
+    seconds: float
+    origins: dict[str, str]
+
+    def header(self) -> dict[str, Any]:
+        return {"from": self.old_version, "to": self.new_version, "seconds": round(self.seconds, 2), "sources": self.origins}
+
+
+def run_drift(
+    repo_root: Path,
+    to_version: str,
+    *,
+    from_version: str | None = None,
+    from_root: Path | None = None,
+    to_root: Path | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> DriftRun:
+    from codegen.pipeline import generate, open_context, up_to_date
+
+    started = time.monotonic()
+    old_context = open_context(repo_root, upstream_root=from_root, version=from_version, quiet=True)
+    new_context = open_context(repo_root, upstream_root=to_root, version=to_version, quiet=True)
+    old_version, new_version = old_context.versions["vllm"], new_context.versions["vllm"]
+    progress(f"comparing vllm {old_version} ({old_context.sources['vllm'].origin}) with {new_version} ({new_context.sources['vllm'].origin})")
+    old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
+    lock = read_lock(repo_root / LOCK_PATH) if up_to_date(old_context) else None
+    findings: list[Finding] = []
+    if lock is not None:  # the committed lock describes exactly this old version: no need to regenerate it
+        edits = committed_edits(repo_root)
+    else:
+        generation, old_index = generate(old_context)
+        findings.extend(generation.findings)
+        lock = generation.lock if not generation.blocked else None
+        edits = {(f"{c.module}:{c.name}", m.decl.name): m.decl.edits for c in generation.classes for m in c.members if m.decl.edits}
+    if lock is not None:
+        old, new = Side(old_version, old_index), Side(new_version, new_index)
+        findings.extend(symbol_findings(lock, old, new))
+        findings.extend(fork_findings(lock, edits, old, new))
+        findings.extend(registry_findings(native_architectures(repo_root), old, new))
+    origins = {"from": old_context.sources["vllm"].origin, "to": new_context.sources["vllm"].origin}
+    return DriftRun(old_version, new_version, findings, old_index, new_index, time.monotonic() - started, origins)
+
+
+def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
+    """Fork edits of the current overlay, keyed like the lock's classes (generated class, member)."""
+    edits = {}
+    for path in overlay_files(repo_root):
+        overlay = load_overlay(repo_root, path)
+        for overlay_class in overlay.classes:
+            for base in overlay_class.bases:
+                key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
+                for member in overlay_class.members:
+                    if member.edits:
+                        edits[(key, member.name)] = member.edits
+    return edits
+
+
+def _write(text: str, out: Path | None) -> None:
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
+def drift_markdown(run: DriftRun) -> str:
+    intro = [
+        f"Upstream vLLM {run.old_version} -> {run.new_version}: every symbol in the lock (bases and MRO, overridden,",
+        "forked and inherited methods, anchors, names the overlay and runtime import, registry keys, config fields).",
+        f"Generated by `python -m codegen drift --to {run.new_version}` in {run.seconds:.1f} s.",
+    ]
+    return as_markdown(run.findings, f"Drift: vLLM {run.old_version} -> {run.new_version}", intro)
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    from codegen.cli import _progress
+
+    run = run_drift(args.repo, args.to, from_version=args.from_version, from_root=args.from_root, to_root=args.to_root, progress=_progress)
+    if args.format == "json":
+        _write(as_json(run.findings, run.header()), args.out)
+    elif args.format == "sarif":
+        _write(as_sarif(run.findings, run.new_version), args.out)
+    else:
+        _write(drift_markdown(run), args.out)
+    _progress(f"drift {run.old_version} -> {run.new_version}: {summary(run.findings)} in {run.seconds:.1f} s")
+    return exit_code(run.findings)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def generated_diff(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Unified diff of the generated files, old version -> new version (registry digests left out)."""
+    lines: list[str] = []
+    for path in sorted(set(old) | set(new)):
+        if path.endswith("_generated/__init__.py"):
+            continue
+        a, b = old.get(path, "").splitlines(), new.get(path, "").splitlines()
+        if a != b:
+            lines += difflib.unified_diff(a, b, f"{path} (old)", f"{path} (new)", n=2, lineterm="")
+    return lines
+
+
+def work_list(findings: list[Finding]) -> list[str]:
+    items = []
+    for finding in ordered(findings):
+        if finding.severity is Severity.INFO:
+            continue
+        where = finding.target or finding.ours or finding.upstream
+        items.append(f"- [ ] **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}" + (f" (`{where}`)" if where else ""))
+    return items
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from codegen.cli import _progress
+    from codegen.pipeline import generate, open_context, write_output
+
+    run = run_drift(args.repo, args.to, to_root=args.to_root, progress=_progress)
+    _progress(f"dry-run regeneration against vllm {run.new_version}")
+    current, _ = generate(open_context(args.repo, quiet=True))
+    dry, _ = generate(open_context(args.repo, upstream_root=args.to_root, version=args.to, quiet=True))
+    diff = generated_diff(current.files, dry.files) if not dry.blocked else []
+    shown = diff[:GENERATED_DIFF_LINES] + ([f"... {len(diff) - GENERATED_DIFF_LINES} more lines"] if len(diff) > GENERATED_DIFF_LINES else [])
+    out = args.out or args.repo / ".afd-work" / "audit" / run.new_version
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"Upgrade audit: vLLM {run.old_version} -> {run.new_version}"
+    regen_state = "blocked" if dry.blocked else f"succeeded ({len(dry.files)} files, {len(dry.classes)} classes)"
+    text = [
+        f"# {title}",
+        "",
+        f"Made by `python -m codegen audit --to {run.new_version}` (`nox -s audit -- {run.new_version}`). Nothing in",
+        "`overlay/` or the lock was changed. Sections: the work list, the dry-run regeneration, the diff of",
+        "the generated code, and every drift finding.",
+        "",
+        f"- drift: **{summary(run.findings)}** ({run.seconds:.1f} s)",
+        f"- dry-run regeneration against {run.new_version}: **{regen_state}**, {summary(dry.findings)}",
+        f"- generated code: {sum(1 for line in diff if line.startswith('+++'))} file(s) change, {len(diff)} diff lines",
+        "",
+        "## Work list",
+        "",
+        *(work_list(run.findings + dry.findings) or ["Nothing to do by hand: re-pin and regenerate (`--apply`)."]),
+        "",
+        "## Dry-run regeneration findings",
+        "",
+        *([f.one_line() for f in ordered(dry.findings)] or ["none"]),
+        "",
+        "## Generated code diff",
+        "",
+        "```diff",
+        *(shown or ["(no change)"]),
+        "```",
+        "",
+        drift_markdown(run).replace("# Drift:", "## Drift:", 1).replace("\n## ", "\n### ").replace("\n### Drift:", "\n## Drift:"),
+    ]
+    (out / "audit.md").write_text("\n".join(text).rstrip() + "\n")
+    twin = {
+        **run.header(),
+        "regeneration": {"blocked": dry.blocked, "summary": summary(dry.findings), "findings": [f.as_dict() for f in ordered(dry.findings)]},
+        "generated_diff_lines": len(diff),
+        "drift": json.loads(as_json(run.findings, {})),
+        "counts": counts(run.findings),
+    }
+    (out / "audit.json").write_text(json.dumps(twin, indent=2) + "\n")
+    _progress(f"wrote {out / 'audit.md'} and audit.json")
+    if args.apply:
+        if dry.blocked:
+            _progress("--apply: nothing written, regeneration against the new version is blocked (see the work list)")
+            return EXIT_BLOCK
+        pins = args.repo / PINS_PATH
+        pins.write_text(re.sub(r'(?m)^version = "[^"]+"', f'version = "{run.new_version}"', pins.read_text(), count=1))
+        write_output(args.repo, dry)
+        _progress(f"--apply: re-pinned vllm {run.new_version} and regenerated; review `git diff`")
+    return exit_code(run.findings + dry.findings)
+
+
+def add_drift_commands(sub: Any) -> None:
+    drift = sub.add_parser("drift", help="what a vLLM version bump breaks, located and classified")
+    drift.add_argument("--to", required=True, help="the new vLLM version, e.g. 0.28.0")
+    drift.add_argument("--from", dest="from_version", help="the old version (default: pinned)")
+    drift.add_argument("--from-root", type=Path, help="read the old version from this source tree")
+    drift.add_argument("--to-root", type=Path, help="read the new version from this source tree")
+    drift.add_argument("--format", choices=["md", "json", "sarif"], default="md")
+    drift.add_argument("--out", type=Path, help="write the report here instead of stdout")
+    drift.set_defaults(func=cmd_drift)
+
+    audit = sub.add_parser("audit", help="upgrade audit report: drift + dry-run regeneration + generated diff + work list")
+    audit.add_argument("--to", required=True, help="the new vLLM version, e.g. 0.28.0")
+    audit.add_argument("--to-root", type=Path, help="read the new version from this source tree")
+    audit.add_argument("--out", type=Path, help="directory for audit.md and audit.json (default .afd-work/audit/<to>)")
+    audit.add_argument("--apply", action="store_true", help="re-pin and regenerate when nothing blocks")
+    audit.set_defaults(func=cmd_audit)

@@ -1,0 +1,98 @@
+"""Render findings: Markdown (for people), JSON (for machines), SARIF (for code-scanning UIs).
+
+All three come from the same :class:`~codegen.findings.Finding` objects; JSON is ``as_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from codegen.findings import Finding, Severity, summary
+
+_ORDER = (Severity.BLOCK, Severity.REVIEW, Severity.INFO)
+_SARIF_LEVEL = {Severity.BLOCK: "error", Severity.REVIEW: "warning", Severity.INFO: "note"}
+
+
+def ordered(findings: Sequence[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (-f.severity.rank, f.code, f.symbol))
+
+
+def counts(findings: Sequence[Finding]) -> dict[str, Any]:
+    return {
+        "by_severity": {s.value: sum(f.severity is s for f in findings) for s in _ORDER},
+        "by_code": dict(sorted(Counter(f.code for f in findings).items())),
+    }
+
+
+def as_json(findings: Sequence[Finding], header: dict[str, Any]) -> str:
+    body = {**header, "summary": summary(findings), "counts": counts(findings), "findings": [f.as_dict() for f in ordered(findings)]}
+    return json.dumps(body, indent=2) + "\n"
+
+
+def as_markdown(findings: Sequence[Finding], title: str, intro: Sequence[str] = ()) -> str:
+    lines = [f"# {title}", "", *intro, "", f"**{summary(findings)}**", ""]
+    table = counts(findings)["by_code"]
+    if table:
+        lines += ["| code | kind | count |", "| --- | --- | --- |"]
+        kinds = {f.code: f.kind.describe for f in findings}
+        lines += [f"| {code} | {kinds[code]} | {n} |" for code, n in table.items()]
+        lines.append("")
+    for severity in _ORDER:
+        group = [f for f in ordered(findings) if f.severity is severity]
+        if not group:
+            continue
+        lines += [f"## {severity.value} ({len(group)})", ""]
+        for finding in group:
+            lines.append(f"### `{finding.code}` {finding.symbol}")
+            lines.append("")
+            lines.append(finding.message)
+            facts = [
+                ("before", finding.upstream),
+                ("after", finding.target),
+                ("ours", finding.ours),
+            ]
+            for label, value in facts:
+                if value is not None:
+                    lines.append(f"- {label}: `{value}`")
+            if finding.old is not None or finding.new is not None:
+                lines.append(f"- change: `{finding.old}` -> `{finding.new}`")
+            if finding.details:
+                lines += ["", "```diff" if any(d.startswith(("+", "-", "@@")) for d in finding.details) else "```", *finding.details, "```"]
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def as_sarif(findings: Sequence[Finding], tool_version: str) -> str:
+    rules = {f.code: f.kind.describe for f in findings}
+    results = []
+    for finding in ordered(findings):
+        where = finding.target or finding.ours or finding.upstream
+        result: dict[str, Any] = {
+            "ruleId": finding.code,
+            "level": _SARIF_LEVEL[finding.severity],
+            "message": {"text": f"{finding.symbol}: {finding.message}"},
+        }
+        if where is not None:
+            region = {"startLine": where.line} if where.line else {}
+            result["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": where.path}, "region": region}}]
+        results.append(result)
+    document = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "afd-codegen",
+                        "version": tool_version,
+                        "rules": [{"id": code, "shortDescription": {"text": text}} for code, text in sorted(rules.items())],
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+    return json.dumps(document, indent=2) + "\n"
