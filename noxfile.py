@@ -103,3 +103,13 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+
+
+@nox.session(venv_backend="none", default=False)
+def benchmarks(session: nox.Session) -> None:
+    """Codegen speed, proxy overhead, serving throughput and connector overhead; results go to docs/benchmarks.md."""
+    python = _cpu_python(session)
+    _regenerate_with(session, python)
+    names = session.posargs or ["codegen_speed", "proxy_overhead", "serving"]
+    for name in names:
+        session.run(python, f"benchmarks/{name}.py", external=True)

@@ -52,9 +52,13 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a new server could listen on ``port`` (as servers do, with SO_REUSEADDR:
+    connections of a stopped process lingering in TIME_WAIT do not count)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
+            sock.listen()
         except OSError:
             return False
         return True
@@ -213,16 +217,21 @@ def stop(server: Server, timeout_s: float = 30.0) -> int | None:
     return server.process.returncode
 
 
-def kill_group(server: Server) -> None:
-    """SIGKILL everything left in the server's process group (no-op when it is gone)."""
+def kill_group(server: Server, timeout_s: float = 15.0) -> None:
+    """SIGKILL everything left in the server's process group and wait until it is gone."""
     try:
         os.killpg(server.process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + timeout_s
     try:
-        server.process.wait(10)
+        server.process.wait(timeout_s)
     except subprocess.TimeoutExpired as exc:
         raise ServerError(f"{server.name} (pid {server.process.pid}) did not die after SIGKILL") from exc
+    while group_members(server):
+        if time.monotonic() > deadline:
+            raise ServerError(f"{server.name}: processes {group_members(server)} survived SIGKILL")
+        time.sleep(0.1)
 
 
 def group_members(server: Server) -> list[int]:

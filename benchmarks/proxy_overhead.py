@@ -1,0 +1,84 @@
+"""What the remote-experts proxy costs: the generated AFD model in loopback vs the native model.
+
+    python benchmarks/proxy_overhead.py [--repeat 3]
+
+Same tiny DeepSeek-V2 config, same weights, vLLM's in-process engine; the time of every model
+forward is summed with forward hooks (scheduling and sampling excluded). Batch 1: one request
+decoding 64 tokens; batch 32: 32 requests decoding 16 tokens. AFD runs its FFN half in-process
+behind the loopback connector, so the difference is the proxies, the connector contract and the
+second model's dispatch. Target: < 5% at batch 1 and 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _results import write_section
+
+RUN = r"""
+import json, os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+model, mode, batch, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kwargs = dict(model=model, dtype="bfloat16", max_model_len=512, enforce_eager=True, seed=0,
+              max_num_batched_tokens=2048, max_num_seqs=64)
+if mode == "afd":
+    kwargs.update(worker_cls="afd_models.workers.AFDAttentionCPUWorker",
+                  additional_config={"afd": {"role": "attention", "connector": "LoopbackAFDConnector"}})
+llm = LLM(**kwargs)
+spent = [0.0]
+def install(worker):
+    model = worker.model_runner.get_model()
+    state = {}
+    model.register_forward_pre_hook(lambda m, a: state.__setitem__("t", time.perf_counter()))
+    model.register_forward_hook(lambda m, a, o: spent.__setitem__(0, spent[0] + time.perf_counter() - state["t"]))
+llm.collective_rpc(install)
+prompts = [TokensPrompt(prompt_token_ids=[5 + (i * 7 + j) % 400 for j in range(16)]) for i in range(batch)]
+params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+llm.generate(prompts, params, use_tqdm=False)  # warm-up
+spent[0] = 0.0
+llm.generate(prompts, params, use_tqdm=False)
+print(json.dumps(spent[0]))
+"""
+
+ENV = {"VLLM_MLA_DISABLE": "1", "TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def run(model: Path, mode: str, batch: int, tokens: int) -> float:
+    result = subprocess.run(
+        [sys.executable, "-c", RUN, str(model), mode, str(batch), str(tokens)],
+        env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900, check=True,
+    )
+    return float(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    from afd_models.testing.tiny_models import write_tiny_model
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_tiny_model(Path(tmp) / "model", "v2", seed=0)
+        for batch, tokens in ((1, 64), (32, 16)):
+            native = min(run(model, "native", batch, tokens) for _ in range(args.repeat))
+            afd = min(run(model, "afd", batch, tokens) for _ in range(args.repeat))
+            rows.append(f"| {batch} | {tokens} | {native * 1e3:.1f} | {afd * 1e3:.1f} | {(afd / native - 1) * 100:+.1f}% | < +5% |")
+    write_section(
+        "proxy_overhead",
+        "| batch | decode tokens | native forward ms | AFD loopback forward ms | overhead | target |\n"
+        "| --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+        "Best of the repeats, summed model forward time of the measured `generate` (after a warm-up).",
+    )
+
+
+if __name__ == "__main__":
+    main()
