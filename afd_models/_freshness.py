@@ -31,10 +31,16 @@ def _sha256(path: Path) -> str:
 def _registry() -> dict[str, object]:
     path = GENERATED_DIR / "__init__.py"
     if not path.exists():
-        raise GeneratedCodeError(f"afd_models/_generated is missing (generated code is a build artifact): {FIX}")
+        raise GeneratedCodeError(
+            f"afd_models/_generated is missing (generated code is a build artifact): {FIX}"
+        )
     values: dict[str, object] = {}
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             values[node.targets[0].id] = ast.literal_eval(node.value)
     return values
 
@@ -45,7 +51,9 @@ def check_generated_code() -> None:
     files = registry.get("FILES")
     overlays = registry.get("OVERLAYS")
     if not isinstance(files, dict) or not isinstance(overlays, dict):
-        raise GeneratedCodeError(f"afd_models/_generated/__init__.py is not a registry written by codegen: {FIX}")
+        raise GeneratedCodeError(
+            f"afd_models/_generated/__init__.py is not a registry written by codegen: {FIX}"
+        )
     for relative, digest in files.items():
         path = CHECKOUT_ROOT / relative
         if not path.exists() or _sha256(path) != digest:
@@ -57,9 +65,15 @@ def check_generated_code() -> None:
         path = CHECKOUT_ROOT / relative
         if not path.exists() or _sha256(path) != digest:
             raise GeneratedCodeError(f"{relative} changed since the code was generated: {FIX}")
-    current = {p.relative_to(CHECKOUT_ROOT).as_posix() for p in overlay_dir.rglob("*.py") if p.name != "__init__.py"}
+    current = {
+        p.relative_to(CHECKOUT_ROOT).as_posix()
+        for p in overlay_dir.rglob("*.py")
+        if p.name != "__init__.py"
+    }
     if current != set(overlays):
-        raise GeneratedCodeError(f"overlay files were added or removed since the code was generated: {FIX}")
+        raise GeneratedCodeError(
+            f"overlay files were added or removed since the code was generated: {FIX}"
+        )
     lock = overlay_dir / "overlay.lock"
     if lock.exists():
         generated = json.loads(lock.read_text()).get("generated", {})

@@ -86,13 +86,17 @@ def _where(key: str) -> str:
 
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} is not allowed; allowed: {', '.join(allowed)}"
+        )
     return value
 
 
 def _integer(key: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: an integer in {low}..{high}")
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} is not allowed; allowed: an integer in {low}..{high}"
+        )
     return value
 
 
@@ -109,8 +113,15 @@ def _text(key: str, value: object) -> str:
 
 
 def _seconds(key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: a number of seconds > 0")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} is not allowed; allowed: a number of seconds > 0"
+        )
     return float(value)
 
 
@@ -124,7 +135,9 @@ def _extra(connector: str, value: object) -> Any:
     schema = CONNECTORS[connector]
     fields = _EXTRA_FIELDS[schema]
     if not isinstance(value, Mapping):
-        raise AFDConfigError(f"{_where('connector_extra_config')}={value!r} is not allowed; allowed: a JSON object")
+        raise AFDConfigError(
+            f"{_where('connector_extra_config')}={value!r} is not allowed; allowed: a JSON object"
+        )
     unknown = sorted(set(value) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields)) or "no keys"
@@ -153,7 +166,9 @@ def parse_afd_config(section: object) -> AFDConfig:
         AFDConfigError: on the first bad key or value.
     """
     if not isinstance(section, Mapping):
-        raise AFDConfigError(f"additional_config.{AFD_KEY}={section!r} is not allowed; allowed: a JSON object")
+        raise AFDConfigError(
+            f"additional_config.{AFD_KEY}={section!r} is not allowed; allowed: a JSON object"
+        )
     unknown = sorted(set(section) - set(_FIELDS))
     if unknown:
         raise AFDConfigError(
@@ -163,13 +178,17 @@ def parse_afd_config(section: object) -> AFDConfig:
     if "role" not in section:
         raise AFDConfigError(f"{_where('role')} is required; allowed: attention, ffn")
     role = Role(_choice("role", section["role"], tuple(r.value for r in Role)))
-    connector = _choice("connector", section.get("connector", AFDConfig.connector), tuple(CONNECTORS))
+    connector = _choice(
+        "connector", section.get("connector", AFDConfig.connector), tuple(CONNECTORS)
+    )
     config = AFDConfig(
         role=role,
         connector=connector,
         host=_text("host", section.get("host", AFDConfig.host)),
         port=_integer("port", section.get("port", AFDConfig.port), 1, 65535),
-        num_attention_ranks=_integer("num_attention_ranks", section.get("num_attention_ranks", 1), 1, 4096),
+        num_attention_ranks=_integer(
+            "num_attention_ranks", section.get("num_attention_ranks", 1), 1, 4096
+        ),
         num_ffn_ranks=_integer("num_ffn_ranks", section.get("num_ffn_ranks", 1), 1, 4096),
         compute_gate_on_attention=_boolean(
             "compute_gate_on_attention", section.get("compute_gate_on_attention", False)
@@ -197,8 +216,10 @@ def require_afd_config(additional_config: object, *, role: Role | None = None) -
     config = afd_config_from(additional_config)
     if config is None:
         raise AFDConfigError(
-            f"this AFD component needs --additional-config '{{\"{AFD_KEY}\": {{\"role\": \"attention\"|\"ffn\", ...}}}}'"
+            f'this AFD component needs --additional-config \'{{"{AFD_KEY}": {{"role": "attention"|"ffn", ...}}}}\''
         )
     if role is not None and config.role is not role:
-        raise AFDConfigError(f"{_where('role')}={config.role.value!r} is not allowed here; allowed: {role.value!r}")
+        raise AFDConfigError(
+            f"{_where('role')}={config.role.value!r} is not allowed here; allowed: {role.value!r}"
+        )
     return config

@@ -43,32 +43,46 @@ def throughput(server: serve.Server, max_tokens: int) -> float:
     """Generated tokens per second for all PROMPTS sent at once."""
     started = time.monotonic()
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        outputs = list(pool.map(lambda p: serve.complete(server, p, max_tokens, timeout_s=300), PROMPTS))
+        outputs = list(
+            pool.map(lambda p: serve.complete(server, p, max_tokens, timeout_s=300), PROMPTS)
+        )
     return sum(len(o) for o in outputs) / (time.monotonic() - started)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m afd_models.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path(".afd-work/demo"), help="model and logs go here")
+    parser = argparse.ArgumentParser(
+        prog="python -m afd_models.demo", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--work", type=Path, default=Path(".afd-work/demo"), help="model and logs go here"
+    )
     parser.add_argument("--tokens", type=int, default=48, help="tokens per request")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     if args.work.exists():
         shutil.rmtree(args.work)
-    say("building the tiny DeepSeek-V2 model (3 layers: 1 dense + 2 MoE, 8 experts top-2, 1 shared)")
+    say(
+        "building the tiny DeepSeek-V2 model (3 layers: 1 dense + 2 MoE, 8 experts top-2, 1 shared)"
+    )
     model = write_tiny_model(args.work / "model", "v2", seed=0, dtype="float32", margin_scale=50.0)
     logs = args.work / "logs"
     afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": 30}}
     config = tiny_config("v2")
-    say(f"starting the FFN role, the Attention role and the baseline (logs in {logs}); this takes ~1 minute")
+    say(
+        f"starting the FFN role, the Attention role and the baseline (logs in {logs}); this takes ~1 minute"
+    )
     ffn = serve.start_ffn("ffn", model, serve.free_port(), logs, afd, cpu="1")
-    attention = serve.start_attention("attention", model, serve.free_port(), logs, afd, cpu="0", env={"VLLM_SERVER_DEV_MODE": "1"})
+    attention = serve.start_attention(
+        "attention", model, serve.free_port(), logs, afd, cpu="0", env={"VLLM_SERVER_DEV_MODE": "1"}
+    )
     baseline = serve.start("baseline", model, serve.free_port(), logs, cpu="0")
     servers = [attention, ffn, baseline]
     try:
         serve.wait_ready(servers, timeout_s=600, progress=True)
         say("comparing greedy completions, one request at a time")
-        equal = all(serve.complete(attention, p, 32) == serve.complete(baseline, p, 32) for p in PROMPTS[:4])
+        equal = all(
+            serve.complete(attention, p, 32) == serve.complete(baseline, p, 32) for p in PROMPTS[:4]
+        )
         say(f"measuring throughput with {len(PROMPTS)} concurrent requests x {args.tokens} tokens")
         throughput(attention, 8)  # warm both paths
         throughput(baseline, 8)
@@ -77,12 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         after = serve.connector_stats(attention)
         base_rate = throughput(baseline, args.tokens)
         exchanges = after["exchanges"] - before["exchanges"]
-        round_trip = (after["mean_round_trip_s"] * after["exchanges"] - before["mean_round_trip_s"] * before["exchanges"]) / exchanges
+        round_trip = (
+            after["mean_round_trip_s"] * after["exchanges"]
+            - before["mean_round_trip_s"] * before["exchanges"]
+        ) / exchanges
         mean_bytes = (after["bytes_sent"] - before["bytes_sent"]) / exchanges
     finally:
         codes = [serve.stop(s) for s in servers]
     tokens = max(1, round(mean_bytes / (config["hidden_size"] * 2)))
-    say(f"measuring a raw gloo send/recv of the same bytes ({tokens} tokens x {config['hidden_size']} bf16) between two processes")
+    say(
+        f"measuring a raw gloo send/recv of the same bytes ({tokens} tokens x {config['hidden_size']} bf16) between two processes"
+    )
     raw = measure(tokens, config["hidden_size"], iterations=200, port=serve.free_port())
     rows = [
         ("greedy tokens equal (4 prompts x 32 tokens)", "yes" if equal else "NO"),
@@ -91,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         ("AFD / plain", f"{afd_rate / base_rate:.2f}"),
         ("connector round trip per layer (incl. FFN compute)", f"{round_trip * 1e3:.3f} ms"),
         (f"raw gloo send+recv of {mean_bytes / 1024:.1f} KiB", f"{raw.raw_s * 1e3:.3f} ms"),
-        ("processes stopped cleanly", "yes" if all(c is not None for c in codes) and not any(map(serve.group_alive, servers)) else "NO"),
+        (
+            "processes stopped cleanly",
+            "yes"
+            if all(c is not None for c in codes) and not any(map(serve.group_alive, servers))
+            else "NO",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     print()
-    print(f"AFD demo: tiny DeepSeek-V2 (float32) on vLLM 0.26.0, CPU platform, {len(PROMPTS)} concurrent requests")
+    print(
+        f"AFD demo: tiny DeepSeek-V2 (float32) on vLLM 0.26.0, CPU platform, {len(PROMPTS)} concurrent requests"
+    )
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
     print()

@@ -28,7 +28,9 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
     model_config = vllm_config.model_config
     architectures = list(getattr(model_config.hf_config, "architectures", None) or [])
     if len(architectures) != 1:
-        raise AFDConfigError(f"model {model_config.model!r}: expected one architecture, got {architectures}")
+        raise AFDConfigError(
+            f"model {model_config.model!r}: expected one architecture, got {architectures}"
+        )
     try:
         target = afd_architecture(architectures[0])
     except ValueError as exc:

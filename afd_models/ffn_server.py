@@ -41,12 +41,20 @@ def check_headers(headers: Sequence[StepHeader], hidden_size: int, dtype: torch.
     return sum(h.num_tokens for h in headers)
 
 
-def serve_step(model: FFNModel, vllm_config: VllmConfig, connector: FFNConnector, layers: Sequence[int], tokens: int) -> None:
+def serve_step(
+    model: FFNModel,
+    vllm_config: VllmConfig,
+    connector: FFNConnector,
+    layers: Sequence[int],
+    tokens: int,
+) -> None:
     """Compute every remote layer of one step."""
     with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
         for layer_idx in layers:
             hidden_states, router_logits = connector.recv(layer_idx)
-            connector.send(layer_idx, model.compute_ffn_output(layer_idx, hidden_states, router_logits))
+            connector.send(
+                layer_idx, model.compute_ffn_output(layer_idx, hidden_states, router_logits)
+            )
 
 
 def exit_process(exc: BaseException) -> None:

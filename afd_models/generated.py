@@ -19,4 +19,6 @@ def generated_subclass(overlay_class: str, upstream: type) -> type:
             module, name = generated.split(":")
             found: type = resolve_obj_by_qualname(f"{module}.{name}")
             return found
-    raise LookupError(f"no class generated from {overlay_class} for base {base}; see afd_models/_generated/__init__.py")
+    raise LookupError(
+        f"no class generated from {overlay_class} for base {base}; see afd_models/_generated/__init__.py"
+    )

@@ -44,15 +44,20 @@ def register() -> None:
         RuntimeError: another plugin registered one of our names with a different class
             (vLLM would silently let the later registration win).
     """
-    import afd_models  # noqa: F401  (fails loudly if the generated code is missing or stale)
     from vllm import ModelRegistry
+
+    import afd_models  # noqa: F401  (fails loudly if the generated code is missing or stale)
 
     existing = ModelRegistry.models
     for name, path in registrations().items():
         current = existing.get(name)
         if current is not None:
-            current_path = f"{getattr(current, 'module_name', '')}:{getattr(current, 'class_name', '')}"
+            current_path = (
+                f"{getattr(current, 'module_name', '')}:{getattr(current, 'class_name', '')}"
+            )
             if current_path != path:
-                raise RuntimeError(f"architecture {name!r} is already registered as {current_path}, not {path}")
+                raise RuntimeError(
+                    f"architecture {name!r} is already registered as {current_path}, not {path}"
+                )
             continue
         ModelRegistry.register_model(name, path)

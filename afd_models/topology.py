@@ -37,7 +37,9 @@ def check_ratio(num_attention_ranks: int, num_ffn_ranks: int) -> int:
 def role_rank(dp_rank: int, tp_rank: int, tp_size: int) -> int:
     """Index of a worker among the workers of its role."""
     if tp_size < 1 or not 0 <= tp_rank < tp_size or dp_rank < 0:
-        raise TopologyError(f"dp_rank={dp_rank}, tp_rank={tp_rank}, tp_size={tp_size} is not a valid worker position")
+        raise TopologyError(
+            f"dp_rank={dp_rank}, tp_rank={tp_rank}, tp_size={tp_size} is not a valid worker position"
+        )
     return dp_rank * tp_size + tp_rank
 
 
@@ -64,20 +66,29 @@ def groups(num_attention_ranks: int, num_ffn_ranks: int, base_port: int) -> list
     """Every connector group of the deployment, FFN first."""
     ratio = check_ratio(num_attention_ranks, num_ffn_ranks)
     if base_port + num_ffn_ranks - 1 > 65535:
-        raise TopologyError(f"port={base_port} with {num_ffn_ranks} FFN ranks needs ports up to {base_port + num_ffn_ranks - 1} > 65535")
+        raise TopologyError(
+            f"port={base_port} with {num_ffn_ranks} FFN ranks needs ports up to {base_port + num_ffn_ranks - 1} > 65535"
+        )
     return [
-        Group(k, tuple(range(k * ratio, (k + 1) * ratio)), base_port + k) for k in range(num_ffn_ranks)
+        Group(k, tuple(range(k * ratio, (k + 1) * ratio)), base_port + k)
+        for k in range(num_ffn_ranks)
     ]
 
 
-def group_of_attention(attention_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int) -> Group:
+def group_of_attention(
+    attention_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int
+) -> Group:
     if not 0 <= attention_rank < num_attention_ranks:
-        raise TopologyError(f"attention role rank {attention_rank} is outside 0..{num_attention_ranks - 1}")
+        raise TopologyError(
+            f"attention role rank {attention_rank} is outside 0..{num_attention_ranks - 1}"
+        )
     ratio = check_ratio(num_attention_ranks, num_ffn_ranks)
     return groups(num_attention_ranks, num_ffn_ranks, base_port)[attention_rank // ratio]
 
 
-def group_of_ffn(ffn_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int) -> Group:
+def group_of_ffn(
+    ffn_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int
+) -> Group:
     if not 0 <= ffn_rank < num_ffn_ranks:
         raise TopologyError(f"FFN role rank {ffn_rank} is outside 0..{num_ffn_ranks - 1}")
     return groups(num_attention_ranks, num_ffn_ranks, base_port)[ffn_rank]

@@ -77,14 +77,22 @@ def validate(config: dict[str, Any], *, mla_disabled: bool) -> None:
     if not uses_mha(config):
         missing += [key for key in MLA_FIELDS if key not in config]
     if missing:
-        raise VerifyError(f"the config lacks {missing}, which a DeepSeek {config.get('model_type')!r} config needs")
+        raise VerifyError(
+            f"the config lacks {missing}, which a DeepSeek {config.get('model_type')!r} config needs"
+        )
     if "index_topk" in config:
-        raise VerifyError("index_topk is set: DeepSeek-V3.2 sparse attention cannot run on vLLM's CPU platform")
+        raise VerifyError(
+            "index_topk is set: DeepSeek-V3.2 sparse attention cannot run on vLLM's CPU platform"
+        )
     if config["n_routed_experts"] is None:
-        raise VerifyError("n_routed_experts=None: the model has no MoE layers, AFD has nothing to split")
+        raise VerifyError(
+            "n_routed_experts=None: the model has no MoE layers, AFD has nothing to split"
+        )
     if not uses_mha(config):
         if not mla_disabled:
-            raise VerifyError("this is an MLA config, which vLLM's CPU platform cannot run: set VLLM_MLA_DISABLE=1")
+            raise VerifyError(
+                "this is an MLA config, which vLLM's CPU platform cannot run: set VLLM_MLA_DISABLE=1"
+            )
         head = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
         if head not in CPU_HEAD_SIZES:
             raise VerifyError(
@@ -104,7 +112,12 @@ def parameter_estimate(config: dict[str, Any]) -> int:
     moe_layers = sum(is_moe_layer(config, i) for i in range(layers))
     per_moe = expert * (config["n_routed_experts"] + (config.get("n_shared_experts") or 0))
     dense = 3 * hidden * config["intermediate_size"] * (layers - moe_layers)
-    return 2 * config["vocab_size"] * hidden + moe_layers * per_moe + dense + layers * 4 * hidden * hidden
+    return (
+        2 * config["vocab_size"] * hidden
+        + moe_layers * per_moe
+        + dense
+        + layers * 4 * hidden * hidden
+    )
 
 
 def shrink(config: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +149,9 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- one run (subprocess)
 
 
-def capture(model_dir: str, mode: str, tokens: int, decode_steps: int, seed: int, dtype: str, out: str) -> None:
+def capture(
+    model_dir: str, mode: str, tokens: int, decode_steps: int, seed: int, dtype: str, out: str
+) -> None:
     """Run vLLM in-process on two prompts; save every decoder layer output of every forward."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
@@ -144,15 +159,25 @@ def capture(model_dir: str, mode: str, tokens: int, decode_steps: int, seed: int
     from vllm.inputs import TokensPrompt
 
     kwargs: dict[str, Any] = dict(
-        model=model_dir, dtype=dtype, max_model_len=max(512, tokens + decode_steps + 8), enforce_eager=True, seed=seed,
-        max_num_batched_tokens=max(512, 2 * tokens), max_num_seqs=4,
+        model=model_dir,
+        dtype=dtype,
+        max_model_len=max(512, tokens + decode_steps + 8),
+        enforce_eager=True,
+        seed=seed,
+        max_num_batched_tokens=max(512, 2 * tokens),
+        max_num_seqs=4,
     )
     if mode != "native":
         gate_on_attention = mode == "afd-attention"
         kwargs.update(
             worker_cls="afd_models.workers.AFDAttentionCPUWorker",
-            additional_config={"afd": {"role": "attention", "connector": "LoopbackAFDConnector",
-                                       "compute_gate_on_attention": gate_on_attention}},
+            additional_config={
+                "afd": {
+                    "role": "attention",
+                    "connector": "LoopbackAFDConnector",
+                    "compute_gate_on_attention": gate_on_attention,
+                }
+            },
         )
     llm = LLM(**kwargs)
     calls: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
@@ -161,12 +186,17 @@ def capture(model_dir: str, mode: str, tokens: int, decode_steps: int, seed: int
     def install(worker: Any) -> dict[str, list[str]]:
         model = worker.model_runner.get_model()
         for index, layer in enumerate(model.model.layers):
+
             def hook(module: Any, args: Any, output: Any, index: int = index) -> None:
                 if not recording["on"]:
                     return
                 if index == 0:
                     calls.append({})
-                calls[-1][index] = (output[0].detach().float().clone(), output[1].detach().float().clone())
+                calls[-1][index] = (
+                    output[0].detach().float().clone(),
+                    output[1].detach().float().clone(),
+                )
+
             layer.register_forward_hook(hook)
         roles = {"attention": sorted(n for n, _ in model.named_parameters())}
         connector = getattr(worker.model_runner, "afd_connector", None)
@@ -177,11 +207,27 @@ def capture(model_dir: str, mode: str, tokens: int, decode_steps: int, seed: int
     roles = llm.collective_rpc(install)[0]
     generator = torch.Generator().manual_seed(seed)
     vocab = llm.llm_engine.model_config.get_vocab_size()
-    prompts = [TokensPrompt(prompt_token_ids=torch.randint(4, vocab, (tokens + k,), generator=generator).tolist()) for k in (0, 3)]
+    prompts = [
+        TokensPrompt(
+            prompt_token_ids=torch.randint(4, vocab, (tokens + k,), generator=generator).tolist()
+        )
+        for k in (0, 3)
+    ]
     recording["on"] = True
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=decode_steps + 1, ignore_eos=True), use_tqdm=False)
+    outputs = llm.generate(
+        prompts,
+        SamplingParams(temperature=0, max_tokens=decode_steps + 1, ignore_eos=True),
+        use_tqdm=False,
+    )
     recording["on"] = False
-    torch.save({"calls": calls, "tokens": [list(o.outputs[0].token_ids) for o in outputs], "params": roles}, out)
+    torch.save(
+        {
+            "calls": calls,
+            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            "params": roles,
+        },
+        out,
+    )
 
 
 # --------------------------------------------------------------------------- compare
@@ -191,7 +237,9 @@ def compare(native: dict[str, Any], afd: dict[str, Any]) -> dict[str, Any]:
     """Largest differences per layer (prefill = first forward, decode = the rest) and overall."""
     calls_n, calls_a = native["calls"], afd["calls"]
     if len(calls_n) != len(calls_a):
-        raise VerifyError(f"the runs made {len(calls_n)} and {len(calls_a)} forward passes; they must schedule alike")
+        raise VerifyError(
+            f"the runs made {len(calls_n)} and {len(calls_a)} forward passes; they must schedule alike"
+        )
     layers: dict[int, dict[str, float]] = {}
     for step, (ref_call, afd_call) in enumerate(zip(calls_n, calls_a, strict=True)):
         phase = "prefill" if step == 0 else "decode"
@@ -204,7 +252,9 @@ def compare(native: dict[str, Any], afd: dict[str, Any]) -> dict[str, Any]:
             entry["rel"] = max(entry["rel"], abs_diff / scale)
     return {
         "layers": {str(k): v for k, v in sorted(layers.items())},
-        "max_abs": max((max(v["prefill_abs"], v["decode_abs"]) for v in layers.values()), default=0.0),
+        "max_abs": max(
+            (max(v["prefill_abs"], v["decode_abs"]) for v in layers.values()), default=0.0
+        ),
         "max_rel": max((v["rel"] for v in layers.values()), default=0.0),
         "tokens_equal": native["tokens"] == afd["tokens"],
         "forwards": len(calls_n),
@@ -215,27 +265,53 @@ def _run(args: argparse.Namespace, model_dir: Path, mode: str, work: Path) -> di
     import torch
 
     out = work / f"{mode}.pt"
-    command = [sys.executable, "-m", "afd_models.verify", "--_capture", mode, "--_model", str(model_dir),
-               "--_out", str(out), "--tokens", str(args.tokens), "--decode-steps", str(args.decode_steps),
-               "--seed", str(args.seed), "--dtype", args.dtype]
+    command = [
+        sys.executable,
+        "-m",
+        "afd_models.verify",
+        "--_capture",
+        mode,
+        "--_model",
+        str(model_dir),
+        "--_out",
+        str(out),
+        "--tokens",
+        str(args.tokens),
+        "--decode-steps",
+        str(args.decode_steps),
+        "--seed",
+        str(args.seed),
+        "--dtype",
+        args.dtype,
+    ]
     print(f"[verify] running {mode} ...", file=sys.stderr, flush=True)
-    env = {**os.environ, "TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env = {
+        **os.environ,
+        "TORCHDYNAMO_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
     if result.returncode != 0:
-        raise VerifyError(f"the {mode} run failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+        raise VerifyError(
+            f"the {mode} run failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        )
     data: dict[str, Any] = torch.load(out)
     return data
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m afd_models.verify", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m afd_models.verify", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--hf-config", type=Path)
     parser.add_argument("--gate-on", choices=["attention", "ffn", "both"], default="both")
     parser.add_argument("--tokens", type=int, default=16, help="prompt length of the prefill batch")
     parser.add_argument("--decode-steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
-    parser.add_argument("--shrink", action="store_true", help="verify a small config with the same structure")
+    parser.add_argument(
+        "--shrink", action="store_true", help="verify a small config with the same structure"
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take")
     parser.add_argument("--_capture", help=argparse.SUPPRESS)
@@ -243,7 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--_out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._capture:
-        capture(args._model, args._capture, args.tokens, args.decode_steps, args.seed, args.dtype, args._out)
+        capture(
+            args._model,
+            args._capture,
+            args.tokens,
+            args.decode_steps,
+            args.seed,
+            args.dtype,
+            args._out,
+        )
         return 0
     if args.hf_config is None:
         parser.error("--hf-config is required")
@@ -263,9 +347,15 @@ def _verify(args: argparse.Namespace) -> int:
     validate(config, mla_disabled=os.environ.get("VLLM_MLA_DISABLE", "0") not in ("", "0"))
     estimate = parameter_estimate(config)
     if estimate > MAX_PARAMS:
-        raise VerifyError(f"about {estimate / 1e9:.1f}e9 parameters is too big to verify on a CPU; add --shrink")
+        raise VerifyError(
+            f"about {estimate / 1e9:.1f}e9 parameters is too big to verify on a CPU; add --shrink"
+        )
     placements = ["ffn", "attention"] if args.gate_on == "both" else [args.gate_on]
-    results: dict[str, Any] = {"config": str(args.hf_config), "dtype": args.dtype, "tolerance": TOLERANCE[args.dtype]}
+    results: dict[str, Any] = {
+        "config": str(args.hf_config),
+        "dtype": args.dtype,
+        "tolerance": TOLERANCE[args.dtype],
+    }
     with tempfile.TemporaryDirectory(prefix="afd-verify-") as tmp:
         work = Path(tmp)
         model_dir = write_checkpoint(work / "model", config, seed=args.seed, dtype=args.dtype)
@@ -300,12 +390,16 @@ def _print(results: dict[str, Any], placements: list[str]) -> bool:
         print(f"\ngate on {gate}: {report['forwards']} forward passes, dtype {results['dtype']}")
         print(f"  {'layer':>5}  {'prefill max|Δ|':>15}  {'decode max|Δ|':>15}  {'max rel':>10}")
         for layer, entry in report["layers"].items():
-            print(f"  {layer:>5}  {entry['prefill_abs']:>15.3e}  {entry['decode_abs']:>15.3e}  {entry['rel']:>10.3e}")
+            print(
+                f"  {layer:>5}  {entry['prefill_abs']:>15.3e}  {entry['decode_abs']:>15.3e}  {entry['rel']:>10.3e}"
+            )
         passed = report["max_rel"] <= tolerance and (tolerance > 0 or report["tokens_equal"])
         split = report["params"]
         if split["missing"] or split["extra"]:
             passed = False
-            print(f"  parameters missing from both roles: {split['missing']}; extra: {split['extra']}")
+            print(
+                f"  parameters missing from both roles: {split['missing']}; extra: {split['extra']}"
+            )
         verdict = "PASS" if passed else "FAIL"
         exact = "bitwise" if tolerance == 0 else f"rel <= {tolerance:g}"
         print(

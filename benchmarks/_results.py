@@ -19,11 +19,15 @@ def machine() -> str:
 def write_section(name: str, body: str) -> None:
     """Replace the ``name`` section of docs/benchmarks.md (created if missing) with ``body``."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    stamp = f"_Measured {time.strftime('%Y-%m-%d')} on {machine()} by `python benchmarks/{name}.py`._"
+    stamp = (
+        f"_Measured {time.strftime('%Y-%m-%d')} on {machine()} by `python benchmarks/{name}.py`._"
+    )
     block = f"{start}\n{stamp}\n\n{body.strip()}\n{end}"
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if start in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.DOTALL)
+        text = re.sub(
+            re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.DOTALL
+        )
     else:
         text = text.rstrip() + f"\n\n{block}\n"
     DOC.write_text(text)

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import libcst as cst
-
 from _results import write_section
+
 from codegen.pipeline import generate, open_context
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +25,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 def wall(*args: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "codegen", *args], cwd=REPO, check=False, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "codegen", *args],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        timeout=600,
+    )
     return time.perf_counter() - started
 
 

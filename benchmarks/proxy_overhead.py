@@ -48,13 +48,22 @@ llm.generate(prompts, params, use_tqdm=False)
 print(json.dumps(spent[0]))
 """
 
-ENV = {"VLLM_MLA_DISABLE": "1", "TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+ENV = {
+    "VLLM_MLA_DISABLE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 def run(model: Path, mode: str, batch: int, tokens: int) -> float:
     result = subprocess.run(
         [sys.executable, "-c", RUN, str(model), mode, str(batch), str(tokens)],
-        env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900, check=True,
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
     )
     return float(json.loads(result.stdout.strip().splitlines()[-1]))
 
@@ -71,7 +80,9 @@ def main() -> None:
         for batch, tokens in ((1, 64), (32, 16)):
             native = min(run(model, "native", batch, tokens) for _ in range(args.repeat))
             afd = min(run(model, "afd", batch, tokens) for _ in range(args.repeat))
-            rows.append(f"| {batch} | {tokens} | {native * 1e3:.1f} | {afd * 1e3:.1f} | {(afd / native - 1) * 100:+.1f}% | < +5% |")
+            rows.append(
+                f"| {batch} | {tokens} | {native * 1e3:.1f} | {afd * 1e3:.1f} | {(afd / native - 1) * 100:+.1f}% | < +5% |"
+            )
     write_section(
         "proxy_overhead",
         "| batch | decode tokens | native forward ms | AFD loopback forward ms | overhead | target |\n"

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _results import write_section
+
 from afd_models.testing import serve
 from afd_models.testing.gloo_bench import measure
 from afd_models.testing.tiny_models import write_tiny_model
@@ -26,7 +27,12 @@ PROMPT = "Attention-FFN disaggregation serves one model as two deployments"
 def rate(server: serve.Server, concurrency: int, tokens: int = 64) -> float:
     started = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
-        outputs = list(pool.map(lambda i: serve.complete(server, f"{PROMPT} {i}", tokens, timeout_s=600), range(concurrency)))
+        outputs = list(
+            pool.map(
+                lambda i: serve.complete(server, f"{PROMPT} {i}", tokens, timeout_s=600),
+                range(concurrency),
+            )
+        )
     return sum(map(len, outputs)) / (time.monotonic() - started)
 
 
@@ -38,7 +44,9 @@ def main() -> None:
         afd = {"port": serve.free_port()}
         servers = [
             serve.start_ffn("ffn", model, serve.free_port(), logs, afd, dtype="bfloat16", cpu="1"),
-            serve.start_attention("attention", model, serve.free_port(), logs, afd, dtype="bfloat16", cpu="0"),
+            serve.start_attention(
+                "attention", model, serve.free_port(), logs, afd, dtype="bfloat16", cpu="0"
+            ),
             serve.start("baseline", model, serve.free_port(), logs, dtype="bfloat16", cpu="0"),
         ]
         try:
@@ -49,20 +57,27 @@ def main() -> None:
                 rate(baseline, concurrency, 8)
                 afd_rate = max(rate(attention, concurrency) for _ in range(2))
                 base_rate = max(rate(baseline, concurrency) for _ in range(2))
-                rows.append(f"| {concurrency} | {afd_rate:.0f} | {base_rate:.0f} | {afd_rate / base_rate:.2f} |")
+                rows.append(
+                    f"| {concurrency} | {afd_rate:.0f} | {base_rate:.0f} | {afd_rate / base_rate:.2f} |"
+                )
         finally:
             for server in servers:
                 serve.stop(server)
     gloo = []
     for tokens in (1, 32):
         result = measure(tokens, 256, iterations=400, port=serve.free_port())
-        gloo.append(f"| {tokens} x 256 bf16 ({result.nbytes / 1024:.1f} KiB) | {result.raw_s * 1e6:.0f} | {result.connector_s * 1e6:.0f} | {result.ratio:.2f} | <= 1.3 |")
+        gloo.append(
+            f"| {tokens} x 256 bf16 ({result.nbytes / 1024:.1f} KiB) | {result.raw_s * 1e6:.0f} | {result.connector_s * 1e6:.0f} | {result.ratio:.2f} | <= 1.3 |"
+        )
     write_section(
         "serving",
         "Throughput (tokens/s, 64 tokens per request, best of 2):\n\n"
-        "| concurrent requests | AFD pair | plain vLLM | AFD / plain |\n| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+        "| concurrent requests | AFD pair | plain vLLM | AFD / plain |\n| --- | --- | --- | --- |\n"
+        + "\n".join(rows)
+        + "\n\n"
         "Connector round trip per layer vs raw gloo (mean µs after warm-up, FFN answers at once):\n\n"
-        "| payload | raw gloo send+recv | AFD gloo connector | ratio | target |\n| --- | --- | --- | --- | --- |\n" + "\n".join(gloo),
+        "| payload | raw gloo send+recv | AFD gloo connector | ratio | target |\n| --- | --- | --- | --- | --- |\n"
+        + "\n".join(gloo),
     )
 
 

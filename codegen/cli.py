@@ -26,7 +26,11 @@ def _progress(message: str) -> None:
 def _print_findings(findings: Sequence[Finding], fmt: str, verbose: bool) -> None:
     ordered = sorted(findings, key=lambda f: (-f.severity.rank, f.code, f.symbol))
     if fmt == "json":
-        json.dump({"findings": [f.as_dict() for f in ordered], "summary": summary(ordered)}, sys.stdout, indent=2)
+        json.dump(
+            {"findings": [f.as_dict() for f in ordered], "summary": summary(ordered)},
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
         return
     for finding in ordered:
@@ -37,8 +41,12 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     from codegen.pipeline import generate, open_context, up_to_date, write_output
 
     started = time.monotonic()
-    context = open_context(args.repo, upstream_root=args.upstream_root, use_installed=not args.no_installed)
-    origins = ", ".join(f"{s.package} {s.version} from {s.origin}" for s in context.sources.values())
+    context = open_context(
+        args.repo, upstream_root=args.upstream_root, use_installed=not args.no_installed
+    )
+    origins = ", ".join(
+        f"{s.package} {s.version} from {s.origin}" for s in context.sources.values()
+    )
     if not args.force and up_to_date(context):
         _progress(f"up to date ({origins}) in {time.monotonic() - started:.2f} s")
         return 0
@@ -76,14 +84,25 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from codegen.show import show
 
-    print(show(args.repo, args.symbol, upstream_root=args.upstream_root, use_installed=not args.no_installed))
+    print(
+        show(
+            args.repo,
+            args.symbol,
+            upstream_root=args.upstream_root,
+            use_installed=not args.no_installed,
+        )
+    )
     return 0
 
 
 def _add_source_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--upstream-root", type=Path, help="read vLLM from this source tree instead")
     parser.add_argument(
-        "--no-installed", action="store_true", help="ignore an installed vLLM; use the download cache"
+        "--upstream-root", type=Path, help="read vLLM from this source tree instead"
+    )
+    parser.add_argument(
+        "--no-installed",
+        action="store_true",
+        help="ignore an installed vLLM; use the download cache",
     )
 
 
@@ -92,13 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    regenerate = sub.add_parser("regenerate", help="write afd_models/_generated/ and overlay/overlay.lock")
+    regenerate = sub.add_parser(
+        "regenerate", help="write afd_models/_generated/ and overlay/overlay.lock"
+    )
     _add_source_options(regenerate)
-    regenerate.add_argument("--force", action="store_true", help="regenerate even if nothing changed")
+    regenerate.add_argument(
+        "--force", action="store_true", help="regenerate even if nothing changed"
+    )
     regenerate.add_argument("-v", "--verbose", action="store_true")
     regenerate.set_defaults(func=cmd_regenerate)
 
-    check = sub.add_parser("check", help="signatures, lock, generated files, runtime parity, dotted paths, monkey patches")
+    check = sub.add_parser(
+        "check",
+        help="signatures, lock, generated files, runtime parity, dotted paths, monkey patches",
+    )
     _add_source_options(check)
     check.add_argument("--format", choices=["text", "json"], default="text")
     check.add_argument("--no-runtime", action="store_true", help="skip the checks that import vLLM")
@@ -132,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_TOOL_ERROR
     except Exception as exc:  # a crash of a checker is never a pass
         traceback.print_exc()
-        print(f"codegen {args.command}: internal error ({type(exc).__name__}: {exc}); exit {EXIT_TOOL_ERROR}", file=sys.stderr)
+        print(
+            f"codegen {args.command}: internal error ({type(exc).__name__}: {exc}); exit {EXIT_TOOL_ERROR}",
+            file=sys.stderr,
+        )
         return EXIT_TOOL_ERROR
-

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codegen.drift import Side, fork_findings, native_architectures, registry_findings, symbol_findings
+from codegen.drift import (
+    Side,
+    fork_findings,
+    native_architectures,
+    registry_findings,
+    symbol_findings,
+)
 from codegen.findings import EXIT_BLOCK, Finding, Severity, exit_code, summary
 from codegen.generate import LOCK_PATH, PINS_PATH
 from codegen.index import UpstreamIndex
@@ -49,7 +55,12 @@ class DriftRun:
     origins: dict[str, str]
 
     def header(self) -> dict[str, Any]:
-        return {"from": self.old_version, "to": self.new_version, "seconds": round(self.seconds, 2), "sources": self.origins}
+        return {
+            "from": self.old_version,
+            "to": self.new_version,
+            "seconds": round(self.seconds, 2),
+            "sources": self.origins,
+        }
 
 
 def run_drift(
@@ -67,24 +78,41 @@ def run_drift(
     old_context = open_context(repo_root, upstream_root=from_root, version=from_version, quiet=True)
     new_context = open_context(repo_root, upstream_root=to_root, version=to_version, quiet=True)
     old_version, new_version = old_context.versions["vllm"], new_context.versions["vllm"]
-    progress(f"comparing vllm {old_version} ({old_context.sources['vllm'].origin}) with {new_version} ({new_context.sources['vllm'].origin})")
+    progress(
+        f"comparing vllm {old_version} ({old_context.sources['vllm'].origin}) with {new_version} ({new_context.sources['vllm'].origin})"
+    )
     old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
     lock = read_lock(repo_root / LOCK_PATH) if up_to_date(old_context) else None
     findings: list[Finding] = []
-    if lock is not None:  # the committed lock describes exactly this old version: no need to regenerate it
+    if (
+        lock is not None
+    ):  # the committed lock describes exactly this old version: no need to regenerate it
         edits = committed_edits(repo_root)
     else:
         generation, old_index = generate(old_context)
         findings.extend(generation.findings)
         lock = generation.lock if not generation.blocked else None
-        edits = {(f"{c.module}:{c.name}", m.decl.name): m.decl.edits for c in generation.classes for m in c.members if m.decl.edits}
+        edits = {
+            (f"{c.module}:{c.name}", m.decl.name): m.decl.edits
+            for c in generation.classes
+            for m in c.members
+            if m.decl.edits
+        }
     if lock is not None:
         old, new = Side(old_version, old_index), Side(new_version, new_index)
         findings.extend(symbol_findings(lock, old, new))
         findings.extend(fork_findings(lock, edits, old, new))
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
     origins = {"from": old_context.sources["vllm"].origin, "to": new_context.sources["vllm"].origin}
-    return DriftRun(old_version, new_version, findings, old_index, new_index, time.monotonic() - started, origins)
+    return DriftRun(
+        old_version,
+        new_version,
+        findings,
+        old_index,
+        new_index,
+        time.monotonic() - started,
+        origins,
+    )
 
 
 def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
@@ -121,14 +149,23 @@ def drift_markdown(run: DriftRun) -> str:
 def cmd_drift(args: argparse.Namespace) -> int:
     from codegen.cli import _progress
 
-    run = run_drift(args.repo, args.to, from_version=args.from_version, from_root=args.from_root, to_root=args.to_root, progress=_progress)
+    run = run_drift(
+        args.repo,
+        args.to,
+        from_version=args.from_version,
+        from_root=args.from_root,
+        to_root=args.to_root,
+        progress=_progress,
+    )
     if args.format == "json":
         _write(as_json(run.findings, run.header()), args.out)
     elif args.format == "sarif":
         _write(as_sarif(run.findings, run.new_version), args.out)
     else:
         _write(drift_markdown(run), args.out)
-    _progress(f"drift {run.old_version} -> {run.new_version}: {summary(run.findings)} in {run.seconds:.1f} s")
+    _progress(
+        f"drift {run.old_version} -> {run.new_version}: {summary(run.findings)} in {run.seconds:.1f} s"
+    )
     return exit_code(run.findings)
 
 
@@ -153,7 +190,10 @@ def work_list(findings: list[Finding]) -> list[str]:
         if finding.severity is Severity.INFO:
             continue
         where = finding.target or finding.ours or finding.upstream
-        items.append(f"- [ ] **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}" + (f" (`{where}`)" if where else ""))
+        items.append(
+            f"- [ ] **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}"
+            + (f" (`{where}`)" if where else "")
+        )
     return items
 
 
@@ -164,13 +204,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
     run = run_drift(args.repo, args.to, to_root=args.to_root, progress=_progress)
     _progress(f"dry-run regeneration against vllm {run.new_version}")
     current, _ = generate(open_context(args.repo, quiet=True))
-    dry, _ = generate(open_context(args.repo, upstream_root=args.to_root, version=args.to, quiet=True))
+    dry, _ = generate(
+        open_context(args.repo, upstream_root=args.to_root, version=args.to, quiet=True)
+    )
     diff = generated_diff(current.files, dry.files) if not dry.blocked else []
-    shown = diff[:GENERATED_DIFF_LINES] + ([f"... {len(diff) - GENERATED_DIFF_LINES} more lines"] if len(diff) > GENERATED_DIFF_LINES else [])
+    shown = diff[:GENERATED_DIFF_LINES] + (
+        [f"... {len(diff) - GENERATED_DIFF_LINES} more lines"]
+        if len(diff) > GENERATED_DIFF_LINES
+        else []
+    )
     out = args.out or args.repo / ".afd-work" / "audit" / run.new_version
     out.mkdir(parents=True, exist_ok=True)
     title = f"Upgrade audit: vLLM {run.old_version} -> {run.new_version}"
-    regen_state = "blocked" if dry.blocked else f"succeeded ({len(dry.files)} files, {len(dry.classes)} classes)"
+    regen_state = (
+        "blocked"
+        if dry.blocked
+        else f"succeeded ({len(dry.files)} files, {len(dry.classes)} classes)"
+    )
     text = [
         f"# {title}",
         "",
@@ -184,7 +234,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "",
         "## Work list",
         "",
-        *(work_list(run.findings + dry.findings) or ["Nothing to do by hand: re-pin and regenerate (`--apply`)."]),
+        *(
+            work_list(run.findings + dry.findings)
+            or ["Nothing to do by hand: re-pin and regenerate (`--apply`)."]
+        ),
         "",
         "## Dry-run regeneration findings",
         "",
@@ -196,12 +249,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         *(shown or ["(no change)"]),
         "```",
         "",
-        drift_markdown(run).replace("# Drift:", "## Drift:", 1).replace("\n## ", "\n### ").replace("\n### Drift:", "\n## Drift:"),
+        drift_markdown(run)
+        .replace("# Drift:", "## Drift:", 1)
+        .replace("\n## ", "\n### ")
+        .replace("\n### Drift:", "\n## Drift:"),
     ]
     (out / "audit.md").write_text("\n".join(text).rstrip() + "\n")
     twin = {
         **run.header(),
-        "regeneration": {"blocked": dry.blocked, "summary": summary(dry.findings), "findings": [f.as_dict() for f in ordered(dry.findings)]},
+        "regeneration": {
+            "blocked": dry.blocked,
+            "summary": summary(dry.findings),
+            "findings": [f.as_dict() for f in ordered(dry.findings)],
+        },
         "generated_diff_lines": len(diff),
         "drift": json.loads(as_json(run.findings, {})),
         "counts": counts(run.findings),
@@ -210,10 +270,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
     _progress(f"wrote {out / 'audit.md'} and audit.json")
     if args.apply:
         if dry.blocked:
-            _progress("--apply: nothing written, regeneration against the new version is blocked (see the work list)")
+            _progress(
+                "--apply: nothing written, regeneration against the new version is blocked (see the work list)"
+            )
             return EXIT_BLOCK
         pins = args.repo / PINS_PATH
-        pins.write_text(re.sub(r'(?m)^version = "[^"]+"', f'version = "{run.new_version}"', pins.read_text(), count=1))
+        pins.write_text(
+            re.sub(
+                r'(?m)^version = "[^"]+"',
+                f'version = "{run.new_version}"',
+                pins.read_text(),
+                count=1,
+            )
+        )
         write_output(args.repo, dry)
         _progress(f"--apply: re-pinned vllm {run.new_version} and regenerated; review `git diff`")
     return exit_code(run.findings + dry.findings)
@@ -229,9 +298,18 @@ def add_drift_commands(sub: Any) -> None:
     drift.add_argument("--out", type=Path, help="write the report here instead of stdout")
     drift.set_defaults(func=cmd_drift)
 
-    audit = sub.add_parser("audit", help="upgrade audit report: drift + dry-run regeneration + generated diff + work list")
+    audit = sub.add_parser(
+        "audit",
+        help="upgrade audit report: drift + dry-run regeneration + generated diff + work list",
+    )
     audit.add_argument("--to", required=True, help="the new vLLM version, e.g. 0.28.0")
     audit.add_argument("--to-root", type=Path, help="read the new version from this source tree")
-    audit.add_argument("--out", type=Path, help="directory for audit.md and audit.json (default .afd-work/audit/<to>)")
-    audit.add_argument("--apply", action="store_true", help="re-pin and regenerate when nothing blocks")
+    audit.add_argument(
+        "--out",
+        type=Path,
+        help="directory for audit.md and audit.json (default .afd-work/audit/<to>)",
+    )
+    audit.add_argument(
+        "--apply", action="store_true", help="re-pin and regenerate when nothing blocks"
+    )
     audit.set_defaults(func=cmd_audit)

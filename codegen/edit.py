@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -103,7 +104,9 @@ def apply_edits(function: cst.FunctionDef, edits: Sequence[Edit]) -> cst.Functio
     return function
 
 
-def _apply(function: cst.FunctionDef, edit: Edit, pattern: Pattern, matches: list[Match]) -> cst.FunctionDef:
+def _apply(
+    function: cst.FunctionDef, edit: Edit, pattern: Pattern, matches: list[Match]
+) -> cst.FunctionDef:
     if edit.action == "replace" and pattern.is_expression:
         replacements = {id(m.expression): _substitute_expression(edit, m.bindings) for m in matches}
         result = function.visit(_ExpressionReplacer(replacements))
@@ -115,7 +118,9 @@ def _apply(function: cst.FunctionDef, edit: Edit, pattern: Pattern, matches: lis
     return result
 
 
-def _statement_runs(function: cst.FunctionDef, pattern: Pattern, matches: list[Match]) -> dict[int, list[Match]]:
+def _statement_runs(
+    function: cst.FunctionDef, pattern: Pattern, matches: list[Match]
+) -> dict[int, list[Match]]:
     """Matches keyed by the id of the block that holds their statements."""
     runs: dict[int, list[Match]] = {}
     for match in matches:
@@ -152,18 +157,24 @@ class _BlockRewriter(cst.CSTTransformer):
         self.edit = edit
         self.runs = runs
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
         matches = self.runs.get(id(original_node))
         if not matches:
             return updated_node
         body = list(updated_node.body)
         for match in sorted(matches, key=lambda m: m.start, reverse=True):
-            body[match.start : match.stop] = self._rewrite(body[match.start : match.stop], match.bindings)
+            body[match.start : match.stop] = self._rewrite(
+                body[match.start : match.stop], match.bindings
+            )
         if not body:
             body = [cst.SimpleStatementLine([cst.Pass()])]
         return updated_node.with_changes(body=body)
 
-    def _rewrite(self, statements: list[cst.BaseStatement], bindings: Bindings) -> list[cst.BaseStatement]:
+    def _rewrite(
+        self, statements: list[cst.BaseStatement], bindings: Bindings
+    ) -> list[cst.BaseStatement]:
         edit = self.edit
         if edit.action == "delete":
             return []
@@ -187,7 +198,9 @@ def _wrap(statements: list[cst.BaseStatement], edit: Edit, bindings: Bindings) -
         raise PatternError(f"edit {edit.id!r}: wrap header {header!r} must end with ':'")
     compound = substitute(parse_code(header + "\n    pass"), bindings, edit)[0]
     if not isinstance(compound, cst.If | cst.With):
-        raise PatternError(f"edit {edit.id!r}: wrap header must be 'if ...:' or 'with ...:', got {header!r}")
+        raise PatternError(
+            f"edit {edit.id!r}: wrap header must be 'if ...:' or 'with ...:', got {header!r}"
+        )
     wrapped = compound.with_changes(body=cst.IndentedBlock(body=statements))
     if edit.orelse is not None:
         if not isinstance(wrapped, cst.If):
@@ -205,9 +218,12 @@ def _substitute_expression(edit: Edit, bindings: Bindings) -> cst.BaseExpression
     return result
 
 
-def substitute(statements: Sequence[cst.BaseStatement], bindings: Bindings, edit: Edit) -> list[cst.BaseStatement]:
+def substitute(
+    statements: Sequence[cst.BaseStatement], bindings: Bindings, edit: Edit
+) -> list[cst.BaseStatement]:
     """Fill ``$X`` / ``$...X`` placeholders of edit code with captured nodes."""
-    module = cst.Module(body=list(statements)).visit(_Substituter(bindings, edit))
+    body = [cast(cst.SimpleStatementLine | cst.BaseCompoundStatement, s) for s in statements]
+    module = cst.Module(body=body).visit(_Substituter(bindings, edit))
     return list(module.body)
 
 
@@ -218,10 +234,12 @@ class _Substituter(cst.CSTTransformer):
 
     def _bound(self, name: str) -> object:
         if name not in self.bindings:
-            raise PatternError(f"edit {self.edit.id!r}: code uses ${name}, which the anchor does not capture")
+            raise PatternError(
+                f"edit {self.edit.id!r}: code uses ${name}, which the anchor does not capture"
+            )
         return self.bindings[name]
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:  # type: ignore[override]
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         name = placeholder(updated_node, ONE_PREFIX)
         if name is None:
             return updated_node
@@ -232,7 +250,9 @@ class _Substituter(cst.CSTTransformer):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         return updated_node.with_changes(args=self._expand(updated_node.args))
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
         return updated_node.with_changes(body=self._expand(updated_node.body))
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
@@ -244,7 +264,11 @@ class _Substituter(cst.CSTTransformer):
             value = None
             if isinstance(item, cst.Arg) and item.keyword is None and item.star in ("", "*"):
                 value = item.value
-            elif isinstance(item, cst.SimpleStatementLine) and len(item.body) == 1 and isinstance(item.body[0], cst.Expr):
+            elif (
+                isinstance(item, cst.SimpleStatementLine)
+                and len(item.body) == 1
+                and isinstance(item.body[0], cst.Expr)
+            ):
                 value = item.body[0].value
             name = placeholder(value, MANY_PREFIX) if value is not None else None
             if name is None:
@@ -277,11 +301,18 @@ class SuperRewriter(cst.CSTTransformer):
         return False  # a nested class has its own super()
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        if isinstance(updated_node.func, cst.Name) and updated_node.func.value == "super" and not updated_node.args:
+        if (
+            isinstance(updated_node.func, cst.Name)
+            and updated_node.func.value == "super"
+            and not updated_node.args
+        ):
             self.count += 1
             return updated_node.with_changes(
                 args=[
-                    cst.Arg(cst.Name(self.defining_class), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(
+                        cst.Name(self.defining_class),
+                        comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+                    ),
                     cst.Arg(cst.Name(self.first_param)),
                 ]
             )

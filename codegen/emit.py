@@ -28,7 +28,16 @@ class FormatError(RuntimeError):
 def format_source(text: str, name: str) -> str:
     """Format with the pinned ruff, ignoring any user configuration."""
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--isolated", f"--line-length={LINE_LENGTH}", f"--stdin-filename={name}", "-"],
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "format",
+            "--isolated",
+            f"--line-length={LINE_LENGTH}",
+            f"--stdin-filename={name}",
+            "-",
+        ],
         input=text,
         capture_output=True,
         text=True,
@@ -63,7 +72,8 @@ def _member_provenance(member: GeneratedMember) -> list[str]:
     if decl.kind is MemberKind.FORK:
         assert member.upstream is not None
         edits = ", ".join(
-            f"{a.edit.id} ({a.edit.action} at line {', '.join(map(str, a.lines)) or 'new code'})" for a in member.anchors
+            f"{a.edit.id} ({a.edit.action} at line {', '.join(map(str, a.lines)) or 'new code'})"
+            for a in member.anchors
         )
         return [f"fork of {member.upstream}", f"  edits: {edits}"]
     if decl.kind is MemberKind.OVERRIDE:
@@ -73,7 +83,9 @@ def _member_provenance(member: GeneratedMember) -> list[str]:
     return [f"{decl.kind.value}: AFD-only member"]
 
 
-def render_class(generated: GeneratedClass, versions: dict[str, str], files: dict[str, str]) -> cst.ClassDef:
+def render_class(
+    generated: GeneratedClass, versions: dict[str, str], files: dict[str, str]
+) -> cst.ClassDef:
     overlay = generated.overlay
     base_file = _module_file(generated.base.module, files)
     relied = [name for name in overlay.relies_on if name in generated.inherited]
@@ -83,12 +95,19 @@ def render_class(generated: GeneratedClass, versions: dict[str, str], files: dic
     ]
     if base_file:
         header.append(f"  upstream: {base_file} sha256={files[base_file][:16]}")
-    header.append("  members:  " + ", ".join(f"{m.decl.name} ({m.decl.kind.value})" for m in generated.members))
+    header.append(
+        "  members:  "
+        + ", ".join(f"{m.decl.name} ({m.decl.kind.value})" for m in generated.members)
+    )
     if relied:
         header.append("  relies on inherited: " + ", ".join(relied))
     body: list[cst.BaseStatement] = []
     if overlay.docstring:
-        body.append(cst.SimpleStatementLine([cst.Expr(cst.SimpleString(_docstring_literal(overlay.docstring)))]))
+        body.append(
+            cst.SimpleStatementLine(
+                [cst.Expr(cst.SimpleString(_docstring_literal(overlay.docstring)))]
+            )
+        )
     for member in generated.members:
         node = member.node
         comments = _comment_lines(_member_provenance(member))
@@ -120,7 +139,9 @@ def _docstring_literal(text: str) -> str:
     return f'"""{escaped}\n"""' if "\n" in escaped else f'"""{escaped}"""'
 
 
-def render_module(overlay: OverlayModule, generation: Generation, versions: dict[str, str], files: dict[str, str]) -> str:
+def render_module(
+    overlay: OverlayModule, generation: Generation, versions: dict[str, str], files: dict[str, str]
+) -> str:
     classes = [c for c in generation.classes if c.module == overlay.generated_module]
     namespace = generation.namespaces[overlay.generated_module]
     parts = [banner(str(overlay.path), versions)]
@@ -135,7 +156,9 @@ def render_module(overlay: OverlayModule, generation: Generation, versions: dict
     return format_source("\n".join(parts) + "\n", overlay.generated_path.name)
 
 
-def render_registry(generation: Generation, versions: dict[str, str], digest: str, generated_files: dict[str, str]) -> str:
+def render_registry(
+    generation: Generation, versions: dict[str, str], digest: str, generated_files: dict[str, str]
+) -> str:
     """``afd_models/_generated/__init__.py``: what was generated from what, as plain data."""
     rows = "\n".join(
         f"    ({f'{c.module}:{c.name}'!r}, {str(c.base)!r}, {c.overlay_path.as_posix()!r}, {c.overlay.name!r}),"
@@ -167,6 +190,8 @@ def package_files(module_paths: Iterable[str]) -> dict[str, str]:
     for path in module_paths:
         directory = Path(path).parent
         while directory != GENERATED_ROOT and GENERATED_ROOT in directory.parents:
-            result[(directory / "__init__.py").as_posix()] = "# GENERATED FILE - DO NOT EDIT (package marker).\n"
+            result[(directory / "__init__.py").as_posix()] = (
+                "# GENERATED FILE - DO NOT EDIT (package marker).\n"
+            )
             directory = directory.parent
     return result

@@ -93,7 +93,9 @@ def find_release_file(distribution: str, version: str, kind: FileKind) -> Releas
         FetchError: the index has no such release or no file of that kind.
     """
     page = urllib.parse.urljoin(index_url(), _normalize(distribution) + "/")
-    request = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    request = urllib.request.Request(
+        page, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as response:
             listing = json.load(response)
@@ -110,7 +112,11 @@ def find_release_file(distribution: str, version: str, kind: FileKind) -> Releas
         candidates.append(entry)
     if not candidates:
         available = sorted(
-            {v for e in listing.get("files", []) if (v := _file_version(e["filename"], distribution))}
+            {
+                v
+                for e in listing.get("files", [])
+                if (v := _file_version(e["filename"], distribution))
+            }
         )
         raise FetchError(
             f"{distribution}=={version}: no {kind} on {index_url()} "
@@ -151,9 +157,10 @@ def download(release: ReleaseFile, directory: Path | None = None, *, quiet: bool
     digest = hashlib.sha256()
     fd, tmp_name = tempfile.mkstemp(dir=target_dir, prefix=".part-")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(
-            release.url, timeout=NETWORK_TIMEOUT_S
-        ) as response:
+        with (
+            os.fdopen(fd, "wb") as out,
+            urllib.request.urlopen(release.url, timeout=NETWORK_TIMEOUT_S) as response,
+        ):
             total = int(response.headers.get("Content-Length") or 0)
             done = 0
             next_report = 0.0

@@ -269,7 +269,9 @@ def summary(findings: Iterable[Finding]) -> str:
     counts = {s: 0 for s in Severity}
     for f in findings:
         counts[f.severity] += 1
-    return ", ".join(f"{counts[s]} {s.value}" for s in (Severity.BLOCK, Severity.REVIEW, Severity.INFO))
+    return ", ".join(
+        f"{counts[s]} {s.value}" for s in (Severity.BLOCK, Severity.REVIEW, Severity.INFO)
+    )
 
 
 class CodegenError(Exception):

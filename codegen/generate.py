@@ -100,7 +100,13 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
         except OverlayError as exc:
             for problem in exc.problems:
                 result.findings.append(
-                    Finding(Kind.OVERLAY_INVALID, Severity.BLOCK, str(problem.path), problem.message, Location(str(problem.path), problem.line))
+                    Finding(
+                        Kind.OVERLAY_INVALID,
+                        Severity.BLOCK,
+                        str(problem.path),
+                        problem.message,
+                        Location(str(problem.path), problem.line),
+                    )
                 )
             continue
         result.overlays.append(overlay)
@@ -120,14 +126,21 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
         result.namespaces[overlay.generated_module] = namespace
         for overlay_class in overlay.classes:
             for base in overlay_class.bases:
-                built = _build_class(index, overlay, overlay_class, base, namespace, result.findings)
+                built = _build_class(
+                    index, overlay, overlay_class, base, namespace, result.findings
+                )
                 if built is not None:
                     result.classes.append(built)
         result.findings.extend(namespace.findings)
-    result.findings = list(dict.fromkeys(result.findings))  # one finding per problem, even with several bases
+    result.findings = list(
+        dict.fromkeys(result.findings)
+    )  # one finding per problem, even with several bases
     result.runtime_imports = runtime_upstream_imports(repo_root, index)
     for ref, users in result.runtime_imports.items():
-        if not index.is_indexed_class(ref) and index.resolve(ref.module, ref.qualname.split(".")[0]) is None:
+        if (
+            not index.is_indexed_class(ref)
+            and index.resolve(ref.module, ref.qualname.split(".")[0]) is None
+        ):
             result.findings.append(
                 Finding(
                     Kind.UNBOUND_NAME,
@@ -159,7 +172,9 @@ def runtime_fields(repo_root: Path) -> list[SymbolRef]:
     if not path.exists():
         return []
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["UPSTREAM_FIELDS"]:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [
+            "UPSTREAM_FIELDS"
+        ]:
             return [SymbolRef.parse(text) for text in ast.literal_eval(node.value)]
     return []
 
@@ -191,16 +206,20 @@ def _build_class(
     for decorator in overlay_class.decorators:
         for used in global_names(decorator.decorator):
             namespace.require_ours(used, f"{overlay.generated_module}:{name}", where)
-    names = {b.qualname for b in overlay_class.bases} | {str(b) for b in overlay_class.bases} | {base.qualname, str(base)}
+    names = (
+        {b.qualname for b in overlay_class.bases}
+        | {str(b) for b in overlay_class.bases}
+        | {base.qualname, str(base)}
+    )
     for decl in overlay_class.members:
-        for declared in decl.deltas:
-            if declared.base is not None and declared.base not in names:
+        for delta in decl.deltas:
+            if delta.base is not None and delta.base not in names:
                 findings.append(
                     Finding(
                         Kind.OVERLAY_INVALID,
                         Severity.BLOCK,
                         f"{overlay.generated_module}:{name}.{decl.name}",
-                        f"delta for base {declared.base!r}, which is not a base of {overlay_class.name}",
+                        f"delta for base {delta.base!r}, which is not a base of {overlay_class.name}",
                         Location(str(overlay.path), decl.line),
                     )
                 )
@@ -277,20 +296,43 @@ def _build_member(
     if decl.kind is MemberKind.OVERRIDE_ATTR:
         if upstream.is_method:
             findings.append(
-                Finding(Kind.OVERLAY_INVALID, Severity.BLOCK, symbol, f"{upstream.ref} is a method, not an attribute", ours_at, upstream_at)
+                Finding(
+                    Kind.OVERLAY_INVALID,
+                    Severity.BLOCK,
+                    symbol,
+                    f"{upstream.ref} is a method, not an attribute",
+                    ours_at,
+                    upstream_at,
+                )
             )
             return None
         _require_ours(decl.node, symbol, ours_at, namespace)
         return GeneratedMember(decl, upstream.ref, None, decl.node)
     if not upstream.is_method:
         findings.append(
-            Finding(Kind.OVERLAY_INVALID, Severity.BLOCK, symbol, f"{upstream.ref} is an attribute; use override_attr", ours_at, upstream_at)
+            Finding(
+                Kind.OVERLAY_INVALID,
+                Severity.BLOCK,
+                symbol,
+                f"{upstream.ref} is an attribute; use override_attr",
+                ours_at,
+                upstream_at,
+            )
         )
         return None
     upstream_signature = upstream.signature()
     assert decl.signature is not None
     deltas = [d for d in decl.deltas if d.applies_to(str(base))]
-    findings.extend(check_signature(symbol, upstream_signature, decl.signature, deltas, ours_at=ours_at, upstream_at=upstream_at))
+    findings.extend(
+        check_signature(
+            symbol,
+            upstream_signature,
+            decl.signature,
+            deltas,
+            ours_at=ours_at,
+            upstream_at=upstream_at,
+        )
+    )
     if decl.kind is MemberKind.OVERRIDE:
         _require_ours(decl.node, symbol, ours_at, namespace)
         return GeneratedMember(decl, upstream.ref, upstream_signature, decl.node)
@@ -311,14 +353,25 @@ def _fork(
     namespace: ModuleNamespace,
     findings: list[Finding],
 ) -> GeneratedMember | None:
-    first_line = min([upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))])
+    first_line = min(
+        [upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))]
+    )
     parsed = parse_method(upstream.source(), first_line)
     anchors: list[AnchorMatch] = []
     for edit in decl.edits:
         try:
             lines, codes = anchor_lines(parsed, parse_pattern(edit.anchor))
         except PatternError as exc:
-            findings.append(Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, f"{symbol}#{edit.id}", str(exc), ours_at, upstream_at))
+            findings.append(
+                Finding(
+                    Kind.ANCHOR_INVALID,
+                    Severity.BLOCK,
+                    f"{symbol}#{edit.id}",
+                    str(exc),
+                    ours_at,
+                    upstream_at,
+                )
+            )
             return None
         anchors.append(AnchorMatch(edit, tuple(lines), tuple(codes)))
     try:
@@ -326,11 +379,22 @@ def _fork(
     except EditError as exc:
         kind = Kind.ANCHOR_LOST if exc.found == 0 else Kind.ANCHOR_COUNT
         findings.append(
-            Finding(kind, Severity.BLOCK, f"{symbol}#{exc.edit.id}", str(exc), ours_at, upstream_at, old=str(exc.edit.count), new=str(exc.found))
+            Finding(
+                kind,
+                Severity.BLOCK,
+                f"{symbol}#{exc.edit.id}",
+                str(exc),
+                ours_at,
+                upstream_at,
+                old=str(exc.edit.count),
+                new=str(exc.found),
+            )
         )
         return None
     except PatternError as exc:
-        findings.append(Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, symbol, str(exc), ours_at, upstream_at))
+        findings.append(
+            Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, symbol, str(exc), ours_at, upstream_at)
+        )
         return None
     assert isinstance(upstream.node, ast.FunctionDef | ast.AsyncFunctionDef)
     defining = SymbolRef(upstream.ref.module, upstream.ref.qualname.rsplit(".", 1)[0])
@@ -338,7 +402,9 @@ def _fork(
     is_static = any(ast.unparse(d) == "staticmethod" for d in upstream.node.decorator_list)
     if params and not is_static:
         rewriter = SuperRewriter(defining.qualname, params[0].arg)
-        function = function.visit(rewriter)
+        rewritten = function.visit(rewriter)
+        assert isinstance(rewritten, cst.FunctionDef)
+        function = rewritten
         if rewriter.count:
             namespace.require_class(defining, symbol, ours_at)
     assert isinstance(function, cst.FunctionDef) and isinstance(decl.node, cst.FunctionDef)
@@ -365,9 +431,16 @@ def runtime_upstream_imports(repo_root: Path, index: UpstreamIndex) -> dict[Symb
         relative = path.relative_to(repo_root)
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level and index.owns(node.module):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and not node.level
+                and index.owns(node.module)
+            ):
                 for alias in node.names:
-                    ref = index.resolve(node.module, alias.name) or SymbolRef(node.module, alias.name)
+                    ref = index.resolve(node.module, alias.name) or SymbolRef(
+                        node.module, alias.name
+                    )
                     found.setdefault(ref, []).append(f"{relative.as_posix()}:{node.lineno}")
     return found
 
@@ -382,7 +455,10 @@ def upstream_files(index: UpstreamIndex) -> dict[str, dict[str, str]]:
 
 def overlay_hashes(repo_root: Path) -> dict[str, str]:
     """sha256 of each overlay file, by repo-relative path."""
-    return {p.as_posix(): hashlib.sha256((repo_root / p).read_bytes()).hexdigest() for p in overlay_files(repo_root)}
+    return {
+        p.as_posix(): hashlib.sha256((repo_root / p).read_bytes()).hexdigest()
+        for p in overlay_files(repo_root)
+    }
 
 
 def runtime_files(repo_root: Path) -> list[Path]:
@@ -393,16 +469,18 @@ def runtime_files(repo_root: Path) -> list[Path]:
     )
 
 
-def inputs_digest(repo_root: Path, overlays: dict[str, str], upstream: dict[str, dict[str, str]]) -> str:
+def inputs_digest(
+    repo_root: Path, overlays: dict[str, str], upstream: dict[str, dict[str, str]]
+) -> str:
     """What the output depends on: generator, pins, overlays, runtime imports, upstream files (by hash)."""
     digest = hashlib.sha256()
     digest.update(generator_digest().encode())
     digest.update((repo_root / PINS_PATH).read_bytes())
-    for path, sha in sorted(overlays.items()):
-        digest.update(f"{path}:{sha}".encode())
-    for path in runtime_files(repo_root):
-        digest.update(path.relative_to(repo_root).as_posix().encode())
-        digest.update(path.read_bytes())
+    for name, sha in sorted(overlays.items()):
+        digest.update(f"{name}:{sha}".encode())
+    for runtime in runtime_files(repo_root):
+        digest.update(runtime.relative_to(repo_root).as_posix().encode())
+        digest.update(runtime.read_bytes())
     for package in sorted(upstream):
         for path, sha in sorted(upstream[package].items()):
             digest.update(f"{path}:{sha}".encode())

@@ -21,7 +21,7 @@ from codegen.sources import UpstreamSource
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parse_module(sha256: str, source: str) -> ast.Module:
     """Parse once per content hash (the hash is the cache key; the text is needed to parse)."""
     del sha256
@@ -174,7 +174,9 @@ class UpstreamIndex:
                     else:
                         info.imports[alias.asname or alias.name] = (source_module, alias.name)
             elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-                if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+                if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [
+                    "__all__"
+                ]:
                     try:
                         info.exports = set(ast.literal_eval(node.value))
                     except ValueError:
@@ -217,7 +219,11 @@ class UpstreamIndex:
                 return SymbolRef(submodule, "")
         for star in info.star_imports:
             star_info = self.module(star)
-            if star_info is not None and star_info.exports is not None and name not in star_info.exports:
+            if (
+                star_info is not None
+                and star_info.exports is not None
+                and name not in star_info.exports
+            ):
                 continue
             found = self.resolve(star, name, _depth + 1)
             if found is not None:
@@ -242,7 +248,11 @@ class UpstreamIndex:
                 return None
             if ref.qualname == "":
                 inner = f"{ref.module}.{part}"
-                ref = SymbolRef(inner, "") if self.module_path(inner) else self.resolve(ref.module, part)
+                ref = (
+                    SymbolRef(inner, "")
+                    if self.module_path(inner)
+                    else self.resolve(ref.module, part)
+                )
                 if ref is None and not self.owns(inner.split(".", 1)[0]):
                     ref = SymbolRef(inner.rsplit(".", 1)[0], part)
             else:
@@ -265,7 +275,9 @@ class UpstreamIndex:
         result = []
         for base in node.bases:
             resolved = self.resolve_expr(ref.module, base)
-            result.append(resolved if resolved is not None else SymbolRef("<unresolved>", ast.unparse(base)))
+            result.append(
+                resolved if resolved is not None else SymbolRef("<unresolved>", ast.unparse(base))
+            )
         return [b for b in result if str(b) != "builtins:object"]
 
     def mro(self, ref: SymbolRef) -> list[SymbolRef]:
@@ -341,7 +353,9 @@ def _absolute(package: str, module: str | None, level: int) -> str:
     return ".".join(base + ([module] if module else []))
 
 
-def _c3(ref: SymbolRef, index: UpstreamIndex, _stack: tuple[SymbolRef, ...] = ()) -> list[SymbolRef]:
+def _c3(
+    ref: SymbolRef, index: UpstreamIndex, _stack: tuple[SymbolRef, ...] = ()
+) -> list[SymbolRef]:
     if ref in _stack or not index.is_indexed_class(ref):
         return [ref]
     sequences = [_c3(base, index, (*_stack, ref)) for base in index.bases(ref)]

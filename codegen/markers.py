@@ -106,7 +106,9 @@ def delete(anchor: str, *, id: str, why: str, count: int = 1) -> Edit:
     return Edit("delete", anchor, None, id, why, count)
 
 
-def wrap(anchor: str, header: str, *, id: str, why: str, count: int = 1, orelse: str | None = None) -> Edit:
+def wrap(
+    anchor: str, header: str, *, id: str, why: str, count: int = 1, orelse: str | None = None
+) -> Edit:
     """Wrap each matched statement run in ``header`` (``if ...:`` or ``with ...:``)."""
     return Edit("wrap", anchor, header, id, why, count, orelse)
 

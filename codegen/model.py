@@ -82,21 +82,47 @@ class Signature:
 
     @classmethod
     def from_ast(
-        cls, node: ast.FunctionDef | ast.AsyncFunctionDef, skip_decorators: frozenset[str] = frozenset()
+        cls,
+        node: ast.FunctionDef | ast.AsyncFunctionDef,
+        skip_decorators: frozenset[str] = frozenset(),
     ) -> Signature:
         a = node.args
         params: list[Param] = []
         positional = [*a.posonlyargs, *a.args]
-        defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+        defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(
+            a.defaults
+        )
         for index, (arg, default) in enumerate(zip(positional, defaults, strict=True)):
-            kind = ParamKind.POSITIONAL_ONLY if index < len(a.posonlyargs) else ParamKind.POSITIONAL_OR_KEYWORD
-            params.append(Param(arg.arg, kind, normalize_expr(default), normalize_expr(arg.annotation)))
+            kind = (
+                ParamKind.POSITIONAL_ONLY
+                if index < len(a.posonlyargs)
+                else ParamKind.POSITIONAL_OR_KEYWORD
+            )
+            params.append(
+                Param(arg.arg, kind, normalize_expr(default), normalize_expr(arg.annotation))
+            )
         if a.vararg:
-            params.append(Param(a.vararg.arg, ParamKind.VAR_POSITIONAL, None, normalize_expr(a.vararg.annotation)))
+            params.append(
+                Param(
+                    a.vararg.arg,
+                    ParamKind.VAR_POSITIONAL,
+                    None,
+                    normalize_expr(a.vararg.annotation),
+                )
+            )
         for arg, default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
-            params.append(Param(arg.arg, ParamKind.KEYWORD_ONLY, normalize_expr(default), normalize_expr(arg.annotation)))
+            params.append(
+                Param(
+                    arg.arg,
+                    ParamKind.KEYWORD_ONLY,
+                    normalize_expr(default),
+                    normalize_expr(arg.annotation),
+                )
+            )
         if a.kwarg:
-            params.append(Param(a.kwarg.arg, ParamKind.VAR_KEYWORD, None, normalize_expr(a.kwarg.annotation)))
+            params.append(
+                Param(a.kwarg.arg, ParamKind.VAR_KEYWORD, None, normalize_expr(a.kwarg.annotation))
+            )
         decorators = tuple(
             text for d in node.decorator_list if (text := ast.unparse(d)) not in skip_decorators
         )
@@ -116,7 +142,8 @@ class Signature:
                     parts.append("*")
             parts.append(param.render())
             if param.kind is ParamKind.POSITIONAL_ONLY and (
-                index + 1 == len(self.params) or self.params[index + 1].kind is not ParamKind.POSITIONAL_ONLY
+                index + 1 == len(self.params)
+                or self.params[index + 1].kind is not ParamKind.POSITIONAL_ONLY
             ):
                 parts.append("/")
         text = f"({', '.join(parts)})"

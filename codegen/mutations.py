@@ -90,21 +90,39 @@ class Mutator:
         if used:
             key = self.rng.choice(sorted(self.methods))
             entry = self.methods[key]
-            return key, entry["file"], _function((self.root / entry["file"]).read_text(), entry["line"])
+            return (
+                key,
+                entry["file"],
+                _function((self.root / entry["file"]).read_text(), entry["line"]),
+            )
         candidates = sorted(self.root.joinpath("vllm/model_executor/models").glob("l*.py"))
         path = self.rng.choice(candidates)
-        functions = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.args.args]
+        functions = [
+            n
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.FunctionDef) and n.args.args
+        ]
         node = self.rng.choice(functions)
         return f"{path.name}:{node.name}", path.relative_to(self.root).as_posix(), node
 
     def make(self, operator: str, used: bool = True) -> Mutation | None:
-        return getattr(self, f"_{operator}")(used)
+        build: Callable[[bool], Mutation | None] = getattr(self, f"_{operator}")
+        return build(used)
 
     # --- signature operators --------------------------------------------------------
 
-    def _signature_line_edit(self, used: bool, operator: str, change: Callable[[list[ast.arg], ast.arguments], list[str] | None]) -> Mutation | None:
+    def _signature_line_edit(
+        self,
+        used: bool,
+        operator: str,
+        change: Callable[[list[ast.arg], ast.arguments], list[str] | None],
+    ) -> Mutation | None:
         key, path, node = self._method(used)
-        args = node.args.args[1:] if node.args.args and node.args.args[0].arg in ("self", "cls") else node.args.args
+        args = (
+            node.args.args[1:]
+            if node.args.args and node.args.args[0].arg in ("self", "cls")
+            else node.args.args
+        )
         if not args:
             return None
         lines = self._lines(path)
@@ -133,7 +151,9 @@ class Mutator:
                 return None
             default = self.rng.choice(defaults)
             old = ast.unparse(default)
-            new = {"True": "False", "False": "True", "None": "0", "''": "'x'"}.get(old, f"{old}_changed" if isinstance(default.value, str) else "None")
+            new = {"True": "False", "False": "True", "None": "0", "''": "'x'"}.get(
+                old, f"{old}_changed" if isinstance(default.value, str) else "None"
+            )
             if isinstance(default.value, str):
                 new = repr(default.value + "_changed")
             return [f"= {old}", f"= {new}"] if f"= {old}" else None
@@ -145,10 +165,11 @@ class Mutator:
         positional = node.args.args[1:]
         if len(positional) < 1:
             return None
-        lines = self._lines(path)
         arg = positional[-1]
         if arg.lineno == node.lineno or node.args.defaults:
-            return None  # only parameters on their own line, without defaults to keep the code valid
+            return (
+                None  # only parameters on their own line, without defaults to keep the code valid
+            )
         return Mutation("drop_param", key, path, used, arg.lineno, arg.lineno, ())
 
     # --- body operators -------------------------------------------------------------
@@ -162,7 +183,15 @@ class Mutator:
             first = node.body[1]
         lines = self._lines(path)
         line = lines[first.lineno - 1]
-        return Mutation("change_body", key, path, used, first.lineno, first.lineno - 1, (f"{_indent(line)}_afd_mutation = 1",))
+        return Mutation(
+            "change_body",
+            key,
+            path,
+            used,
+            first.lineno,
+            first.lineno - 1,
+            (f"{_indent(line)}_afd_mutation = 1",),
+        )
 
     def _delete_anchor(self, used: bool) -> Mutation | None:
         anchor = self._anchor()
@@ -172,7 +201,11 @@ class Mutator:
         lines = self._lines(path)
         indent = _indent(lines[line - 1])
         stop = line
-        while stop < len(lines) and (not lines[stop].strip() or _indent(lines[stop]) > indent or lines[stop].strip().startswith(")")):
+        while stop < len(lines) and (
+            not lines[stop].strip()
+            or _indent(lines[stop]) > indent
+            or lines[stop].strip().startswith(")")
+        ):
             stop += 1
         return Mutation("delete_anchor", key, path, True, line, stop, (f"{indent}pass",))
 
@@ -184,7 +217,11 @@ class Mutator:
         lines = self._lines(path)
         indent = _indent(lines[line - 1])
         stop = line
-        while stop < len(lines) and (_indent(lines[stop]) > indent or lines[stop].strip().startswith(")")) and lines[stop].strip():
+        while (
+            stop < len(lines)
+            and (_indent(lines[stop]) > indent or lines[stop].strip().startswith(")"))
+            and lines[stop].strip()
+        ):
             stop += 1
         block = lines[line - 1 : stop]
         return Mutation("duplicate_anchor", key, path, True, line, stop, tuple(block + block))
@@ -196,7 +233,9 @@ class Mutator:
                 for edit_id, anchor in member.get("anchors", {}).items():
                     if len(anchor["lines"]) == 1 and member.get("upstream"):
                         symbol = self.lock["symbols"][member["upstream"]]
-                        anchors.append((f"{class_key}.{name}#{edit_id}", symbol["file"], anchor["lines"][0]))
+                        anchors.append(
+                            (f"{class_key}.{name}#{edit_id}", symbol["file"], anchor["lines"][0])
+                        )
         return self.rng.choice(sorted(anchors)) if anchors else None
 
     # --- class operators ------------------------------------------------------------
@@ -215,10 +254,16 @@ class Mutator:
         line = symbol["line"]
         body_indent = next(_indent(text) for text in lines[line:] if text.strip())
         method = (f"{body_indent}def {name}(self):", f"{body_indent}    return None", "")
-        return Mutation("shadow_extend", f"{base}.{name}", symbol["file"], True, line + 1, line, method)
+        return Mutation(
+            "shadow_extend", f"{base}.{name}", symbol["file"], True, line + 1, line, method
+        )
 
     def _change_base(self, used: bool) -> Mutation | None:
-        bases = sorted(k for k, v in self.lock["symbols"].items() if v.get("kind") == "class" and "base" in v.get("roles", []) and v.get("bases"))
+        bases = sorted(
+            k
+            for k, v in self.lock["symbols"].items()
+            if v.get("kind") == "class" and "base" in v.get("roles", []) and v.get("bases")
+        )
         if not bases:
             return None
         key = self.rng.choice(bases)
@@ -228,10 +273,27 @@ class Mutator:
         if "(" not in line or not line.rstrip().endswith(":"):
             return None
         name = key.split(":")[1]
-        return Mutation("change_base", key, entry["file"], True, entry["line"], entry["line"], (f"{_indent(line)}class {name}(object):",))
+        return Mutation(
+            "change_base",
+            key,
+            entry["file"],
+            True,
+            entry["line"],
+            entry["line"],
+            (f"{_indent(line)}class {name}(object):",),
+        )
 
 
-OPERATORS = ("rename_param", "change_default", "drop_param", "change_body", "delete_anchor", "duplicate_anchor", "shadow_extend", "change_base")
+OPERATORS = (
+    "rename_param",
+    "change_default",
+    "drop_param",
+    "change_body",
+    "delete_anchor",
+    "duplicate_anchor",
+    "shadow_extend",
+    "change_base",
+)
 #: operators that also make sense on symbols the overlay does not use (expected: no finding)
 UNUSED_OPERATORS = ("rename_param", "change_default", "change_body")
 
@@ -241,7 +303,12 @@ def apply(mutation: Mutation, source_root: Path, work: Path) -> Path:
     tree = work / "tree"
     if tree.exists():
         shutil.rmtree(tree)
-    shutil.copytree(source_root / "vllm", tree / "vllm", copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        source_root / "vllm",
+        tree / "vllm",
+        copy_function=os.link,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
     target = tree / mutation.path
     lines = target.read_text().splitlines()
     lines[mutation.start - 1 : mutation.stop] = list(mutation.lines)
@@ -273,7 +340,9 @@ def run(count: int, seed: int, progress: Callable[[str], None] = lambda _: None)
             result = run_drift(REPO_ROOT, context.versions["vllm"], to_root=tree)
             codes = tuple(sorted({f.code for f in result.findings}))
             outcomes.append(Outcome(mutation, codes))
-            progress(f"{len(outcomes):3d} {mutation.operator:16} {'used' if mutation.used else 'unused':6} {mutation.symbol} -> {', '.join(codes) or 'nothing'}")
+            progress(
+                f"{len(outcomes):3d} {mutation.operator:16} {'used' if mutation.used else 'unused':6} {mutation.symbol} -> {', '.join(codes) or 'nothing'}"
+            )
     return outcomes
 
 
@@ -296,14 +365,21 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m codegen.mutations", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m codegen.mutations", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--count", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     started = time.monotonic()
-    outcomes = run(args.count, args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    report = summarize(outcomes) | {"seconds": round(time.monotonic() - started, 1), "seed": args.seed}
+    outcomes = run(
+        args.count, args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    report = summarize(outcomes) | {
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": args.seed,
+    }
     text = json.dumps(report, indent=2) + "\n"
     if args.json:
         args.json.write_text(text)

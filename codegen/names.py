@@ -12,6 +12,7 @@ import builtins
 import symtable
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -26,7 +27,11 @@ IMPLICIT = frozenset({"__class__"})
 
 def global_names(node: cst.CSTNode) -> set[str]:
     """Global names a function or class-level statement reads (decorators, defaults, annotations, body)."""
-    code = cst.Module(body=[node]).code if isinstance(node, cst.BaseStatement) else cst.Module(body=[]).code_for_node(node)
+    code = (
+        cst.Module(body=[cast(cst.SimpleStatementLine | cst.BaseCompoundStatement, node)]).code
+        if isinstance(node, cst.BaseStatement)
+        else cst.Module(body=[]).code_for_node(node)
+    )
     table = symtable.symtable(code, "<generated>", "exec")
     names: set[str] = set()
     for symbol in table.get_symbols():
@@ -69,7 +74,9 @@ class ModuleNamespace:
     def require_upstream(self, name: str, namespace_module: str, symbol: str, at: Location) -> None:
         """``name`` as seen from ``namespace_module`` (a forked body's home) must be bound here."""
         if name in self.generated:
-            self._clash(name, symbol, at, f"the generated class {name}", f"{namespace_module}:{name}")
+            self._clash(
+                name, symbol, at, f"the generated class {name}", f"{namespace_module}:{name}"
+            )
             return
         upstream = self.index.resolve(namespace_module, name)
         if upstream is None:

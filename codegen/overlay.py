@@ -19,7 +19,11 @@ from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, S
 
 MARKERS_MODULE = "codegen.markers"
 OVERLAY_DIR = "overlay"
-_METHOD_MARKERS = {"override": MemberKind.OVERRIDE, "extend": MemberKind.EXTEND, "fork": MemberKind.FORK}
+_METHOD_MARKERS = {
+    "override": MemberKind.OVERRIDE,
+    "extend": MemberKind.EXTEND,
+    "fork": MemberKind.FORK,
+}
 _ATTR_MARKERS = {"override_attr": MemberKind.OVERRIDE_ATTR, "extend_attr": MemberKind.EXTEND_ATTR}
 
 
@@ -42,7 +46,9 @@ def overlay_files(repo_root: Path) -> list[Path]:
     """Overlay modules, relative to the repository root, sorted."""
     root = repo_root / OVERLAY_DIR
     return sorted(
-        p.relative_to(repo_root) for p in root.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts
+        p.relative_to(repo_root)
+        for p in root.rglob("*.py")
+        if p.name != "__init__.py" and "__pycache__" not in p.parts
     )
 
 
@@ -74,7 +80,11 @@ class _Reader:
             raise OverlayError(self.problems)
         for statement, node in zip(self.module.body, self.tree.body, strict=True):
             line = node.lineno
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            if (
+                isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 continue  # docstring
             if isinstance(node, ast.ImportFrom | ast.Import):
                 assert isinstance(statement, cst.SimpleStatementLine)
@@ -85,15 +95,24 @@ class _Reader:
                 overlay_class = self._read_class(statement, node)
                 if overlay_class is not None:
                     classes.append(overlay_class)
-            elif isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+            elif isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [
+                "__all__"
+            ]:
                 continue
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            elif (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
                 try:
                     self.constants[node.targets[0].id] = self.evaluate(node.value)
                 except (ValueError, TypeError, SyntaxError) as exc:
                     self.problem(line, f"module-level {node.targets[0].id}: {exc}")
             else:
-                self.problem(line, "overlay modules hold only a docstring, imports, shared edits and @subclass classes")
+                self.problem(
+                    line,
+                    "overlay modules hold only a docstring, imports, shared edits and @subclass classes",
+                )
         if self.problems:
             raise OverlayError(self.problems)
         return OverlayModule(
@@ -110,11 +129,20 @@ class _Reader:
         """Remember what an import binds; False for the markers import (not copied)."""
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                self.problem(node.lineno, "use absolute imports in overlays (the generated module lives elsewhere)")
+                self.problem(
+                    node.lineno,
+                    "use absolute imports in overlays (the generated module lives elsewhere)",
+                )
                 return False
             if node.module == MARKERS_MODULE:
                 for alias in node.names:
-                    if alias.name not in {*_METHOD_MARKERS, *_ATTR_MARKERS, "subclass", *markers.ACTIONS, "delta"}:
+                    if alias.name not in {
+                        *_METHOD_MARKERS,
+                        *_ATTR_MARKERS,
+                        "subclass",
+                        *markers.ACTIONS,
+                        "delta",
+                    }:
                         self.problem(node.lineno, f"{alias.name!r} is not a codegen marker")
                     self.marker_names[alias.asname or alias.name] = alias.name
                 return False
@@ -142,10 +170,18 @@ class _Reader:
     def evaluate(self, node: ast.expr) -> Any:
         """Evaluate a marker argument: literals and marker calls only."""
         for leaf in ast.walk(node):
-            if isinstance(leaf, ast.Name) and leaf.id not in self.marker_names and leaf.id not in self.constants:
-                raise ValueError(f"{leaf.id!r} is not allowed here: use literals and codegen.markers calls")
+            if (
+                isinstance(leaf, ast.Name)
+                and leaf.id not in self.marker_names
+                and leaf.id not in self.constants
+            ):
+                raise ValueError(
+                    f"{leaf.id!r} is not allowed here: use literals and codegen.markers calls"
+                )
             if isinstance(leaf, ast.Attribute | ast.Lambda | ast.NamedExpr | ast.Subscript):
-                raise ValueError(f"{ast.unparse(leaf)!r} is not allowed here: use literals and codegen.markers calls")
+                raise ValueError(
+                    f"{ast.unparse(leaf)!r} is not allowed here: use literals and codegen.markers calls"
+                )
         code = compile(ast.Expression(body=node), str(self.path), "eval")
         return eval(code, {"__builtins__": {}}, self._namespace())
 
@@ -169,12 +205,15 @@ class _Reader:
                 continue
             name, call = marker
             if name != "subclass" or call is None:
-                self.problem(ast_dec.lineno, f"class {node.name}: only @subclass(...) may decorate an overlay class")
+                self.problem(
+                    ast_dec.lineno,
+                    f"class {node.name}: only @subclass(...) may decorate an overlay class",
+                )
                 continue
             try:
-                if call.args:
+                if call.args or any(kw.arg is None for kw in call.keywords):
                     raise ValueError("subclass() takes keyword arguments only")
-                spec = {kw.arg: self.evaluate(kw.value) for kw in call.keywords}
+                spec = {str(kw.arg): self.evaluate(kw.value) for kw in call.keywords}
             except (ValueError, SyntaxError) as exc:
                 self.problem(ast_dec.lineno, f"class {node.name}: {exc}")
                 return None
@@ -183,14 +222,22 @@ class _Reader:
             return None
         unknown = set(spec) - {"bases", "name", "relies_on"}
         if unknown:
-            self.problem(node.lineno, f"class {node.name}: subclass() got unknown arguments {sorted(unknown)}")
+            self.problem(
+                node.lineno,
+                f"class {node.name}: subclass() got unknown arguments {sorted(unknown)}",
+            )
         base_names = tuple(spec.get("bases") or (ast.unparse(b) for b in node.bases))
         if not base_names:
-            self.problem(node.lineno, f"class {node.name}: no upstream base (write one or pass bases=)")
+            self.problem(
+                node.lineno, f"class {node.name}: no upstream base (write one or pass bases=)"
+            )
         bases = tuple(self._base_ref(name) for name in base_names)
         template = spec.get("name") or node.name
         if len(bases) > 1 and "{base}" not in template:
-            self.problem(node.lineno, f"class {node.name}: several bases need a name template with '{{base}}'")
+            self.problem(
+                node.lineno,
+                f"class {node.name}: several bases need a name template with '{{base}}'",
+            )
         members = [m for m in self._members(statement, node) if m is not None]
         return OverlayClass(
             name=node.name,
@@ -210,7 +257,9 @@ class _Reader:
         if head in self.imported:
             imported = self.imported[head]
             if imported.qualname == "":
-                module = ".".join([imported.module, *rest.split(".")[:-1]]) if rest else imported.module
+                module = (
+                    ".".join([imported.module, *rest.split(".")[:-1]]) if rest else imported.module
+                )
                 return SymbolRef(module, rest.rsplit(".", 1)[-1]) if rest else imported
             return SymbolRef(imported.module, imported.qualname + (f".{rest}" if rest else ""))
         return SymbolRef(upstream_module_of(self.path), name)
@@ -223,7 +272,11 @@ class _Reader:
             self.problem(node.lineno, f"class {node.name}: write one statement per line (no ';')")
             return result
         for index, (cst_item, ast_item) in enumerate(zip(body, node.body, strict=True)):
-            if index == 0 and isinstance(ast_item, ast.Expr) and isinstance(ast_item.value, ast.Constant):
+            if (
+                index == 0
+                and isinstance(ast_item, ast.Expr)
+                and isinstance(ast_item.value, ast.Constant)
+            ):
                 continue  # docstring
             if isinstance(ast_item, ast.Pass):
                 continue
@@ -234,10 +287,15 @@ class _Reader:
                 assert isinstance(cst_item, cst.SimpleStatementLine)
                 result.append(self._attribute(node.name, cst_item, ast_item))
             else:
-                self.problem(ast_item.lineno, f"class {node.name}: only marked methods and attributes are allowed")
+                self.problem(
+                    ast_item.lineno,
+                    f"class {node.name}: only marked methods and attributes are allowed",
+                )
         return result
 
-    def _method(self, owner: str, cst_item: cst.FunctionDef, item: ast.FunctionDef | ast.AsyncFunctionDef) -> MemberDecl | None:
+    def _method(
+        self, owner: str, cst_item: cst.FunctionDef, item: ast.FunctionDef | ast.AsyncFunctionDef
+    ) -> MemberDecl | None:
         found: list[tuple[str, ast.Call | None]] = []
         kept: list[cst.Decorator] = []
         for cst_dec, ast_dec in zip(cst_item.decorators, item.decorator_list, strict=True):
@@ -247,7 +305,9 @@ class _Reader:
             else:
                 found.append(marker)
         if len(found) != 1 or found[0][0] not in _METHOD_MARKERS:
-            self.problem(item.lineno, f"{owner}.{item.name}: needs exactly one of @override, @extend, @fork")
+            self.problem(
+                item.lineno, f"{owner}.{item.name}: needs exactly one of @override, @extend, @fork"
+            )
             return None
         name, call = found[0]
         kind = _METHOD_MARKERS[name]
@@ -255,21 +315,27 @@ class _Reader:
         deltas: tuple[markers.Delta, ...] = ()
         try:
             if call is not None:
+                if any(kw.arg is None for kw in call.keywords):
+                    raise ValueError("** arguments are not allowed in markers")
                 args = [self.evaluate(a) for a in call.args]
-                kwargs = {kw.arg: self.evaluate(kw.value) for kw in call.keywords}
+                kwargs = {str(kw.arg): self.evaluate(kw.value) for kw in call.keywords}
                 if kind is MemberKind.EXTEND:
                     raise ValueError("@extend takes no arguments")
                 if kind is MemberKind.FORK:
                     edits = tuple(args)
                     if not edits or not all(isinstance(e, markers.Edit) for e in edits):
-                        raise ValueError("@fork(...) takes edits (replace, insert_before, ...) as arguments")
+                        raise ValueError(
+                            "@fork(...) takes edits (replace, insert_before, ...) as arguments"
+                        )
                 elif args:
                     raise ValueError("@override takes only deltas=(...)")
                 deltas = tuple(kwargs.pop("deltas", ()))
                 if kwargs:
                     raise ValueError(f"unknown arguments {sorted(kwargs)}")
             elif kind is MemberKind.FORK:
-                raise ValueError("@fork needs at least one edit; use @override for an AFD-owned body")
+                raise ValueError(
+                    "@fork needs at least one edit; use @override for an AFD-owned body"
+                )
         except (ValueError, TypeError, SyntaxError) as exc:
             self.problem(item.lineno, f"{owner}.{item.name}: {exc}")
             return None
@@ -278,10 +344,16 @@ class _Reader:
             self.problem(item.lineno, f"{owner}.{item.name}: edit ids must be unique, got {ids}")
         for edit in edits:
             if edit.action not in markers.ACTIONS or edit.count < 1 or not edit.why.strip():
-                self.problem(item.lineno, f"{owner}.{item.name}: edit {edit.id!r} needs a valid action, count >= 1 and a why")
+                self.problem(
+                    item.lineno,
+                    f"{owner}.{item.name}: edit {edit.id!r} needs a valid action, count >= 1 and a why",
+                )
         for d in deltas:
             if d.kind not in markers.DELTA_KINDS or not d.why.strip():
-                self.problem(item.lineno, f"{owner}.{item.name}: delta kind {d.kind!r} must be one of {markers.DELTA_KINDS}, with a why")
+                self.problem(
+                    item.lineno,
+                    f"{owner}.{item.name}: delta kind {d.kind!r} must be one of {markers.DELTA_KINDS}, with a why",
+                )
         marker_texts = frozenset(ast.unparse(d) for d in item.decorator_list if self._marker_of(d))
         signature = Signature.from_ast(item, skip_decorators=marker_texts)
         return MemberDecl(
@@ -294,19 +366,33 @@ class _Reader:
             line=item.lineno,
         )
 
-    def _attribute(self, owner: str, cst_item: cst.SimpleStatementLine, item: ast.Assign | ast.AnnAssign) -> MemberDecl | None:
+    def _attribute(
+        self, owner: str, cst_item: cst.SimpleStatementLine, item: ast.Assign | ast.AnnAssign
+    ) -> MemberDecl | None:
         target = item.targets[0] if isinstance(item, ast.Assign) else item.target
         value = item.value
-        if not isinstance(target, ast.Name) or not isinstance(value, ast.Call) or len(value.args) != 1:
-            self.problem(item.lineno, f"{owner}: write class attributes as `name = override_attr(value)` or `extend_attr(value)`")
+        if (
+            not isinstance(target, ast.Name)
+            or not isinstance(value, ast.Call)
+            or len(value.args) != 1
+        ):
+            self.problem(
+                item.lineno,
+                f"{owner}: write class attributes as `name = override_attr(value)` or `extend_attr(value)`",
+            )
             return None
         marker = self._marker_of(value)
         if marker is None or marker[0] not in _ATTR_MARKERS:
-            self.problem(item.lineno, f"{owner}.{target.id}: wrap the value in override_attr(...) or extend_attr(...)")
+            self.problem(
+                item.lineno,
+                f"{owner}.{target.id}: wrap the value in override_attr(...) or extend_attr(...)",
+            )
             return None
         small = cst_item.body[0]
         assert isinstance(small, cst.Assign | cst.AnnAssign) and isinstance(small.value, cst.Call)
-        unwrapped = cst_item.with_changes(body=[small.with_changes(value=small.value.args[0].value)])
+        unwrapped = cst_item.with_changes(
+            body=[small.with_changes(value=small.value.args[0].value)]
+        )
         return MemberDecl(target.id, _ATTR_MARKERS[marker[0]], unwrapped, None, line=item.lineno)
 
 
@@ -316,6 +402,10 @@ def load_overlay(repo_root: Path, path: Path) -> OverlayModule:
     try:
         return _Reader(path, text).read()
     except cst.ParserSyntaxError as exc:
-        raise OverlayError([OverlayProblem(path, exc.raw_line, f"does not parse: {exc.message}")]) from exc
+        raise OverlayError(
+            [OverlayProblem(path, exc.raw_line, f"does not parse: {exc.message}")]
+        ) from exc
     except SyntaxError as exc:
-        raise OverlayError([OverlayProblem(path, exc.lineno or 0, f"does not parse: {exc.msg}")]) from exc
+        raise OverlayError(
+            [OverlayProblem(path, exc.lineno or 0, f"does not parse: {exc.msg}")]
+        ) from exc

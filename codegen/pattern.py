@@ -109,7 +109,11 @@ def _encode(text: str) -> str:
 
 def placeholder(node: cst.CSTNode, prefix: str) -> str | None:
     """The capture name if ``node`` is a placeholder ``Name`` with that prefix."""
-    if isinstance(node, cst.Name) and node.value.startswith(prefix) and node.value.endswith(_SUFFIX):
+    if (
+        isinstance(node, cst.Name)
+        and node.value.startswith(prefix)
+        and node.value.endswith(_SUFFIX)
+    ):
         return node.value[len(prefix) : -len(_SUFFIX)]
     return None
 
@@ -179,7 +183,11 @@ def _is_many(node: Any) -> str | bool:
     Returns the capture name, True for an anonymous run, False otherwise.
     """
     value: Any = None
-    if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Expr):
+    if (
+        isinstance(node, cst.SimpleStatementLine)
+        and len(node.body) == 1
+        and isinstance(node.body[0], cst.Expr)
+    ):
         value = node.body[0].value
     elif isinstance(node, cst.Arg) and node.keyword is None and node.star in ("", "*"):
         value = node.value

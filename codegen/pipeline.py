@@ -57,7 +57,9 @@ def open_context(
     for package, pin in pins.items():
         root = upstream_root if package == "vllm" else None
         wanted = version if package == "vllm" else None
-        sources[package] = locate(pin, wanted, upstream_root=root, use_installed=use_installed, quiet=quiet)
+        sources[package] = locate(
+            pin, wanted, upstream_root=root, use_installed=use_installed, quiet=quiet
+        )
     return Context(repo_root, pins, sources)
 
 
@@ -77,9 +79,13 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
     }
     files = {**package_files(modules), **modules}
     digest = inputs_digest(context.repo_root, overlay_hashes(context.repo_root), upstream)
-    files[REGISTRY_PATH.as_posix()] = render_registry(generation, versions, digest, sha256_of(files.items()))
+    files[REGISTRY_PATH.as_posix()] = render_registry(
+        generation, versions, digest, sha256_of(files.items())
+    )
     generation.files = dict(sorted(files.items()))
-    generation.lock = build_lock(generation, index, versions, upstream, sha256_of(generation.files.items()))
+    generation.lock = build_lock(
+        generation, index, versions, upstream, sha256_of(generation.files.items())
+    )
     _check_pinned_hashes(context, generation)
     return generation, index
 
@@ -158,7 +164,11 @@ def registry_data(repo_root: Path) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = {}
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             data[node.targets[0].id] = ast.literal_eval(node.value)
     return data
 
@@ -171,7 +181,11 @@ def up_to_date(context: Context) -> bool:
     """
     registry = registry_data(context.repo_root)
     lock = read_lock(context.repo_root / LOCK_PATH)
-    if registry is None or lock is None or lock.get("upstream", {}).keys() != context.sources.keys():
+    if (
+        registry is None
+        or lock is None
+        or lock.get("upstream", {}).keys() != context.sources.keys()
+    ):
         return False
     upstream: dict[str, dict[str, str]] = {}
     for package, entry in lock["upstream"].items():
@@ -185,7 +199,9 @@ def up_to_date(context: Context) -> bool:
                 return False
             files[path] = hashlib.sha256(file.read_bytes()).hexdigest()
         upstream[package] = files
-    if inputs_digest(context.repo_root, overlay_hashes(context.repo_root), upstream) != registry.get("INPUTS_DIGEST"):
+    if inputs_digest(
+        context.repo_root, overlay_hashes(context.repo_root), upstream
+    ) != registry.get("INPUTS_DIGEST"):
         return False
     expected = dict(lock.get("generated", {}))
     for path, sha in expected.items():

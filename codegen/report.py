@@ -28,7 +28,12 @@ def counts(findings: Sequence[Finding]) -> dict[str, Any]:
 
 
 def as_json(findings: Sequence[Finding], header: dict[str, Any]) -> str:
-    body = {**header, "summary": summary(findings), "counts": counts(findings), "findings": [f.as_dict() for f in ordered(findings)]}
+    body = {
+        **header,
+        "summary": summary(findings),
+        "counts": counts(findings),
+        "findings": [f.as_dict() for f in ordered(findings)],
+    }
     return json.dumps(body, indent=2) + "\n"
 
 
@@ -60,7 +65,14 @@ def as_markdown(findings: Sequence[Finding], title: str, intro: Sequence[str] = 
             if finding.old is not None or finding.new is not None:
                 lines.append(f"- change: `{finding.old}` -> `{finding.new}`")
             if finding.details:
-                lines += ["", "```diff" if any(d.startswith(("+", "-", "@@")) for d in finding.details) else "```", *finding.details, "```"]
+                lines += [
+                    "",
+                    "```diff"
+                    if any(d.startswith(("+", "-", "@@")) for d in finding.details)
+                    else "```",
+                    *finding.details,
+                    "```",
+                ]
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -77,7 +89,9 @@ def as_sarif(findings: Sequence[Finding], tool_version: str) -> str:
         }
         if where is not None:
             region = {"startLine": where.line} if where.line else {}
-            result["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": where.path}, "region": region}}]
+            result["locations"] = [
+                {"physicalLocation": {"artifactLocation": {"uri": where.path}, "region": region}}
+            ]
         results.append(result)
     document = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -88,7 +102,10 @@ def as_sarif(findings: Sequence[Finding], tool_version: str) -> str:
                     "driver": {
                         "name": "afd-codegen",
                         "version": tool_version,
-                        "rules": [{"id": code, "shortDescription": {"text": text}} for code, text in sorted(rules.items())],
+                        "rules": [
+                            {"id": code, "shortDescription": {"text": text}}
+                            for code, text in sorted(rules.items())
+                        ],
                     }
                 },
                 "results": results,

@@ -42,15 +42,20 @@ def find_member(generation: Generation, symbol: str) -> tuple[GeneratedClass, Ge
 
 def render_member(index: UpstreamIndex, generated: GeneratedClass, member: GeneratedMember) -> str:
     decl = member.decl
-    header = [f"# {generated.name}.{decl.name}  ({decl.kind.value}; overlay {generated.overlay_path}:{decl.line})"]
+    header = [
+        f"# {generated.name}.{decl.name}  ({decl.kind.value}; overlay {generated.overlay_path}:{decl.line})"
+    ]
     if decl.kind is not MemberKind.FORK or member.upstream is None:
-        return "\n".join(header + [cst.Module(body=[member.node]).code.rstrip()])  # type: ignore[list-item]
+        return "\n".join([*header, cst.Module(body=[member.node]).code.rstrip()])
     upstream = index.find_member(generated.base, decl.name)
     assert upstream is not None
     first = min([upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))])
     header.append(f"# fork of {member.upstream} ({upstream.module.path}:{upstream.line})")
     parsed = parse_method(upstream.source(), first)
-    stages = [(e.id, _render(apply_edits(parsed.function, decl.edits[:n]))) for n, e in enumerate(decl.edits, start=1)]
+    stages = [
+        (e.id, _render(apply_edits(parsed.function, decl.edits[:n])))
+        for n, e in enumerate(decl.edits, start=1)
+    ]
     final = member.node
     assert isinstance(final, cst.FunctionDef)
     stages.append(("super()", _render(final)))
@@ -59,7 +64,9 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
     removed: list[tuple[str, str]] = []
     for edit_id, current in stages:
         carried: list[str | None] = [edit_id] * len(current)
-        for op, a1, a2, b1, b2 in difflib.SequenceMatcher(a=previous, b=current, autojunk=False).get_opcodes():
+        for op, a1, a2, b1, b2 in difflib.SequenceMatcher(
+            a=previous, b=current, autojunk=False
+        ).get_opcodes():
             if op == "equal":
                 carried[b1:b2] = owners[a1:a2]
                 continue
@@ -67,7 +74,10 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
             removed.extend((edit_id, line) for line in previous[a1:a2] if line.strip() not in kept)
         previous, owners = current, carried
     width = max([len(e.id) for e in decl.edits] + [len("super()")])
-    lines = [f"{(owner or ''):>{width}} {'+' if owner else '|'} {line}" for owner, line in zip(owners, previous, strict=True)]
+    lines = [
+        f"{(owner or ''):>{width}} {'+' if owner else '|'} {line}"
+        for owner, line in zip(owners, previous, strict=True)
+    ]
     if removed:
         lines.append("")
         lines.append("# upstream lines the edits removed:")
@@ -75,7 +85,9 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
     return "\n".join(header + lines)
 
 
-def show(repo_root: Path, symbol: str, *, upstream_root: Path | None = None, use_installed: bool = True) -> str:
+def show(
+    repo_root: Path, symbol: str, *, upstream_root: Path | None = None, use_installed: bool = True
+) -> str:
     from codegen.pipeline import generate, open_context
 
     context = open_context(repo_root, upstream_root=upstream_root, use_installed=use_installed)

@@ -100,7 +100,9 @@ def from_tree(package: str, version: str, directory: Path) -> UpstreamSource:
         return UpstreamSource(package, version, directory, f"tree {directory}")
     if directory.name == package and (directory / "__init__.py").exists():
         return UpstreamSource(package, version, directory.parent, f"tree {directory}")
-    raise SourceError(f"--upstream-root {directory}: neither it nor {directory / package} is the {package!r} package")
+    raise SourceError(
+        f"--upstream-root {directory}: neither it nor {directory / package} is the {package!r} package"
+    )
 
 
 def from_installed(pin: Pin, version: str) -> UpstreamSource | None:
@@ -113,7 +115,12 @@ def from_installed(pin: Pin, version: str) -> UpstreamSource | None:
             continue
         init = Path(str(dist.locate_file(f"{pin.package}/__init__.py")))
         if init.exists():
-            return UpstreamSource(pin.package, version, init.parent.parent, f"installed {dist.metadata['Name']} {dist.version}")
+            return UpstreamSource(
+                pin.package,
+                version,
+                init.parent.parent,
+                f"installed {dist.metadata['Name']} {dist.version}",
+            )
     return None
 
 
@@ -133,7 +140,12 @@ def _extract(archive: Path, package: str, target: Path) -> None:
             with tarfile.open(archive) as tf:
                 for member in tf.getmembers():
                     parts = Path(member.name).parts
-                    if len(parts) < 3 or parts[1] != package or not member.isfile() or ".." in parts:
+                    if (
+                        len(parts) < 3
+                        or parts[1] != package
+                        or not member.isfile()
+                        or ".." in parts
+                    ):
                         continue
                     if not member.name.endswith((".py", ".pyi")):
                         continue
@@ -161,7 +173,9 @@ def from_cache(pin: Pin, version: str, *, quiet: bool = False) -> UpstreamSource
         if (tree / pin.package / "__init__.py").exists():
             return UpstreamSource(pin.package, version, tree, f"cache {tree}")
         try:
-            archive = fetch(dist.name, version, "wheel" if dist.kind == "wheel" else "sdist", quiet=quiet)
+            archive = fetch(
+                dist.name, version, "wheel" if dist.kind == "wheel" else "sdist", quiet=quiet
+            )
         except FetchError as exc:
             errors.append(str(exc))
             continue

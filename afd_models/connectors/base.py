@@ -68,9 +68,13 @@ class StepHeader:
 
     @classmethod
     def decode(cls, values: torch.Tensor) -> StepHeader:
-        magic, step, tokens, hidden, dtype_code, width, logits_code = (int(v) for v in values.tolist())
+        magic, step, tokens, hidden, dtype_code, width, logits_code = (
+            int(v) for v in values.tolist()
+        )
         if magic != cls.MAGIC or not all(0 <= c < len(DTYPES) for c in (dtype_code, logits_code)):
-            raise AFDConnectionError(f"received a malformed step header {values.tolist()} (is the peer an AFD connector?)")
+            raise AFDConnectionError(
+                f"received a malformed step header {values.tolist()} (is the peer an AFD connector?)"
+            )
         return cls(step, tokens, hidden, DTYPES[dtype_code], width, DTYPES[logits_code])
 
     @staticmethod
@@ -101,7 +105,12 @@ class ExchangeStats:
 
     def as_dict(self) -> dict[str, float]:
         mean = self.total_s / self.exchanges if self.exchanges else 0.0
-        return {"steps": self.steps, "exchanges": self.exchanges, "mean_round_trip_s": mean, "bytes_sent": self.bytes_sent}
+        return {
+            "steps": self.steps,
+            "exchanges": self.exchanges,
+            "mean_round_trip_s": mean,
+            "bytes_sent": self.bytes_sent,
+        }
 
 
 class AFDConnector(ABC):
@@ -119,22 +128,32 @@ class AFDConnector(ABC):
             raise ValueError("the model has no remote layers: is it an AFD Attention model?")
         self.layers = tuple(layers)
 
-    def send(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None:
+    def send(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None:
         """Send one layer's activations; the first remote layer of a forward opens a new step."""
         if not self.layers:
-            raise AFDConnectionError("send before set_layers: bind the connector to the model first")
+            raise AFDConnectionError(
+                "send before set_layers: bind the connector to the model first"
+            )
         if layer_idx == self.layers[0]:
             self._step += 1
             self.stats.steps += 1
             self._next = 0
             width, logits_dtype = (
-                (0, torch.float32) if router_logits is None else (router_logits.shape[-1], router_logits.dtype)
+                (0, torch.float32)
+                if router_logits is None
+                else (router_logits.shape[-1], router_logits.dtype)
             )
             tokens, hidden = hidden_states.shape[0], hidden_states.shape[-1]
-            self._send_header(StepHeader(self._step, tokens, hidden, hidden_states.dtype, width, logits_dtype))
+            self._send_header(
+                StepHeader(self._step, tokens, hidden, hidden_states.dtype, width, logits_dtype)
+            )
         expected = self.layers[self._next] if self._next < len(self.layers) else None
         if layer_idx != expected:
-            raise AFDConnectionError(f"layer {layer_idx} sent out of order; the FFN side expects layer {expected}")
+            raise AFDConnectionError(
+                f"layer {layer_idx} sent out of order; the FFN side expects layer {expected}"
+            )
         self._next += 1
         self.stats.started(layer_idx, hidden_states.numel() * hidden_states.element_size())
         self._send_layer(layer_idx, hidden_states, router_logits)
@@ -149,13 +168,16 @@ class AFDConnector(ABC):
     def _send_header(self, header: StepHeader) -> None: ...
 
     @abstractmethod
-    def _send_layer(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None: ...
+    def _send_layer(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None: ...
 
     @abstractmethod
     def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor: ...
 
     def close(self) -> None:
-        """Release sockets and ports; safe to call twice."""
+        """Release sockets and ports; safe to call twice. Nothing to release by default."""
+        return None
 
 
 class FFNConnector(ABC):
@@ -174,4 +196,5 @@ class FFNConnector(ABC):
         """Split ``output`` by peer and send each peer its rows."""
 
     def close(self) -> None:
-        """Release sockets and ports; safe to call twice."""
+        """Release sockets and ports; safe to call twice. Nothing to release by default."""
+        return None

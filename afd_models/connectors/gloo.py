@@ -55,9 +55,15 @@ class _GlooGroup:
         self.group_rank = group_rank
         self.timeout_s = extra.timeout_s
         started = time.monotonic()
-        logger.info("AFD gloo %s: %s group %d at %s, waiting up to %.0f s for %d peer(s)",
-                    role, "hosting" if group_rank == 0 else "joining", group.ffn_rank, self.where,
-                    extra.connect_timeout_s, group.size - 1)
+        logger.info(
+            "AFD gloo %s: %s group %d at %s, waiting up to %.0f s for %d peer(s)",
+            role,
+            "hosting" if group_rank == 0 else "joining",
+            group.ffn_rank,
+            self.where,
+            extra.connect_timeout_s,
+            group.size - 1,
+        )
         try:
             self.store: TCPStore | None = TCPStore(
                 host,
@@ -68,14 +74,23 @@ class _GlooGroup:
                 wait_for_workers=True,
             )
             self.pg: ProcessGroup | None = init_gloo_process_group(
-                PrefixStore("afd", self.store), group_rank, group.size, timedelta(seconds=extra.timeout_s)
+                PrefixStore("afd", self.store),
+                group_rank,
+                group.size,
+                timedelta(seconds=extra.timeout_s),
             )
         except (RuntimeError, OSError) as exc:
             raise AFDConnectionError(
                 f"AFD gloo {role}: no connector group at {self.where} within {extra.connect_timeout_s:.0f} s "
                 f"(is the other role running with the same host/port?): {exc}"
             ) from exc
-        logger.info("AFD gloo %s: group %d at %s ready in %.1f s", role, group.ffn_rank, self.where, time.monotonic() - started)
+        logger.info(
+            "AFD gloo %s: group %d at %s ready in %.1f s",
+            role,
+            group.ffn_rank,
+            self.where,
+            time.monotonic() - started,
+        )
 
     def run(self, what: str, action: Callable[[ProcessGroup], _T]) -> _T:
         if self.pg is None:
@@ -103,9 +118,13 @@ class _GlooGroup:
         if store is None:
             raise AFDConnectionError(f"AFD gloo connector at {self.where} is closed")
         try:
-            store.set(self.header_key(self.group_rank, header.step), header.encode().numpy().tobytes())
+            store.set(
+                self.header_key(self.group_rank, header.step), header.encode().numpy().tobytes()
+            )
         except RuntimeError as exc:
-            raise AFDConnectionError(f"AFD gloo connector at {self.where}: the FFN peer is gone: {exc}") from exc
+            raise AFDConnectionError(
+                f"AFD gloo connector at {self.where}: the FFN peer is gone: {exc}"
+            ) from exc
 
     def take_header(self, group_rank: int, step: int, stop: threading.Event) -> StepHeader | None:
         """The peer's header for ``step``; None if ``stop`` is set first. Idles without a deadline.
@@ -125,7 +144,9 @@ class _GlooGroup:
                     store.delete_key(key)
                     return StepHeader.decode(values)
             except RuntimeError as exc:
-                raise AFDConnectionError(f"AFD gloo connector at {self.where}: the Attention peer is gone: {exc}") from exc
+                raise AFDConnectionError(
+                    f"AFD gloo connector at {self.where}: the Attention peer is gone: {exc}"
+                ) from exc
             time.sleep(pause)
             pause = min(pause * 2, IDLE_MAX_S)
         return None
@@ -145,15 +166,24 @@ class GlooAttentionConnector(AFDConnector):
 
     def __init__(self, host: str, group: Group, attention_rank: int, extra: GlooExtraConfig):
         super().__init__()
-        self._group = _GlooGroup(host, group, group.group_rank_of_attention(attention_rank), extra, "attention")
+        self._group = _GlooGroup(
+            host, group, group.group_rank_of_attention(attention_rank), extra, "attention"
+        )
 
     def _send_header(self, header: StepHeader) -> None:
         self._group.put_header(header)
 
-    def _send_layer(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None:
+    def _send_layer(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None:
         self._group.send(hidden_states, 0, _layer_tag(layer_idx), f"send of layer {layer_idx}")
         if router_logits is not None:
-            self._group.send(router_logits, 0, _layer_tag(layer_idx, logits=True), f"send of layer {layer_idx} logits")
+            self._group.send(
+                router_logits,
+                0,
+                _layer_tag(layer_idx, logits=True),
+                f"send of layer {layer_idx} logits",
+            )
 
     def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
         return self._group.recv(like, 0, _layer_tag(layer_idx), f"receive of layer {layer_idx}")
@@ -186,11 +216,20 @@ class GlooFFNConnector(FFNConnector):
         hidden, logits = [], []
         for peer, header in zip(self.peers, self.headers, strict=True):
             like = torch.empty(header.num_tokens, header.hidden_size, dtype=header.dtype)
-            hidden.append(self._group.recv(like, peer, _layer_tag(layer_idx), f"receive of layer {layer_idx}"))
+            hidden.append(
+                self._group.recv(like, peer, _layer_tag(layer_idx), f"receive of layer {layer_idx}")
+            )
             if header.logits_width:
-                like_logits = torch.empty(header.num_tokens, header.logits_width, dtype=header.logits_dtype)
+                like_logits = torch.empty(
+                    header.num_tokens, header.logits_width, dtype=header.logits_dtype
+                )
                 logits.append(
-                    self._group.recv(like_logits, peer, _layer_tag(layer_idx, logits=True), f"receive of layer {layer_idx} logits")
+                    self._group.recv(
+                        like_logits,
+                        peer,
+                        _layer_tag(layer_idx, logits=True),
+                        f"receive of layer {layer_idx} logits",
+                    )
                 )
         merged_logits = torch.cat(logits) if logits else None
         return (hidden[0] if len(hidden) == 1 else torch.cat(hidden)), merged_logits

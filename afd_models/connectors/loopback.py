@@ -37,7 +37,9 @@ class LoopbackConnector(AFDConnector):
     def _send_header(self, header: StepHeader) -> None:
         self.headers.append(header)
 
-    def _send_layer(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None:
+    def _send_layer(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None:
         self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
 
     def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
@@ -58,9 +60,16 @@ class LoopbackConnector(AFDConnector):
                 vllm_config=ffn_config, model_config=ffn_config.model_config
             )
 
-        def compute(layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
-            with torch.inference_mode(), set_forward_context(None, ffn_config, num_tokens=hidden_states.shape[0]):
-                output: torch.Tensor = model.compute_ffn_output(layer_idx, hidden_states, router_logits)
+        def compute(
+            layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        ) -> torch.Tensor:
+            with (
+                torch.inference_mode(),
+                set_forward_context(None, ffn_config, num_tokens=hidden_states.shape[0]),
+            ):
+                output: torch.Tensor = model.compute_ffn_output(
+                    layer_idx, hidden_states, router_logits
+                )
             return output
 
         connector = cls(compute)

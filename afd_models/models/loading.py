@@ -28,7 +28,9 @@ def mark_unloaded(model: nn.Module) -> None:
                 parameter.fill_(float("nan"))
 
 
-def counting(weights: Iterable[tuple[str, torch.Tensor]], seen: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+def counting(
+    weights: Iterable[tuple[str, torch.Tensor]], seen: list[int]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Pass checkpoint tensors through in one pass (vLLM streams them), counting them."""
     for item in weights:
         seen[0] += 1
@@ -61,10 +63,21 @@ def finish_loading(model: nn.Module, role: str, tensors_read: int, loaded: set[s
         ValueError: the checkpoint lacks tensors this role needs; the message names them.
     """
     own = dict(model.named_parameters())
-    unfilled = [_describe(n, p) for n, p in own.items() if p.is_floating_point() and bool(torch.isnan(p).any())]
+    unfilled = [
+        _describe(n, p)
+        for n, p in own.items()
+        if p.is_floating_point() and bool(torch.isnan(p).any())
+    ]
     if unfilled:
-        shown = ", ".join(unfilled[:8]) + (f" and {len(unfilled) - 8} more" if len(unfilled) > 8 else "")
+        shown = ", ".join(unfilled[:8]) + (
+            f" and {len(unfilled) - 8} more" if len(unfilled) > 8 else ""
+        )
         raise ValueError(f"the checkpoint lacks tensors the {role} role needs; not loaded: {shown}")
     exact = loaded & set(own)
-    logger.info("AFD %s role loaded %d parameters from %d checkpoint tensors", role, len(exact), tensors_read)
+    logger.info(
+        "AFD %s role loaded %d parameters from %d checkpoint tensors",
+        role,
+        len(exact),
+        tensors_read,
+    )
     return exact

@@ -63,7 +63,9 @@ class ModelPlan:
         """Dense MLP layers go to the FFN role with the gate; with the gate on Attention they stay."""
         return not self.gate_on_attention
 
-    def moe_class(self, ffn_class: type[nn.Module], attention_class: type[nn.Module]) -> type[nn.Module]:
+    def moe_class(
+        self, ffn_class: type[nn.Module], attention_class: type[nn.Module]
+    ) -> type[nn.Module]:
         return attention_class if self.is_attention else ffn_class
 
     def dense_mlp_factory(self, native: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

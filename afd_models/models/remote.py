@@ -36,7 +36,9 @@ class RemoteFFN(PPMissingLayer):
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}"
 
-    def exchange(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+    def exchange(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> torch.Tensor:
         if self.connector is None:
             raise RuntimeError(
                 f"layer {self.layer_idx}: no AFD connector is bound; the AFD Attention runner binds one "

@@ -38,11 +38,15 @@ class RoundTrips:
 WARMUP = 20
 
 
-def _raw_peer(rank: int, out: multiprocessing.Queue, port: int, shape: tuple[int, int], iterations: int) -> None:
+def _raw_peer(
+    rank: int, out: multiprocessing.Queue, port: int, shape: tuple[int, int], iterations: int
+) -> None:
     from torch.distributed import PrefixStore, TCPStore
     from vllm.distributed.utils import init_gloo_process_group
 
-    store = TCPStore("127.0.0.1", port, world_size=2, is_master=rank == 0, timeout=timedelta(seconds=TIMEOUT_S))
+    store = TCPStore(
+        "127.0.0.1", port, world_size=2, is_master=rank == 0, timeout=timedelta(seconds=TIMEOUT_S)
+    )
     pg = init_gloo_process_group(PrefixStore("raw", store), rank, 2, timedelta(seconds=TIMEOUT_S))
     buffer = torch.zeros(shape, dtype=torch.bfloat16)
     times = []
@@ -58,7 +62,14 @@ def _raw_peer(rank: int, out: multiprocessing.Queue, port: int, shape: tuple[int
     out.put((rank, statistics.fmean(times[WARMUP:])))
 
 
-def _connector_peer(rank: int, out: multiprocessing.Queue, port: int, shape: tuple[int, int], iterations: int, layers: int) -> None:
+def _connector_peer(
+    rank: int,
+    out: multiprocessing.Queue,
+    port: int,
+    shape: tuple[int, int],
+    iterations: int,
+    layers: int,
+) -> None:
     import threading
 
     from afd_models.connectors.base import ExchangeStats
@@ -105,7 +116,9 @@ def _run_pair(target: object, *args: object) -> float:
     return float(results[1])
 
 
-def measure(tokens: int, hidden_size: int, iterations: int = 300, layers: int = 3, port: int = 29700) -> RoundTrips:
+def measure(
+    tokens: int, hidden_size: int, iterations: int = 300, layers: int = 3, port: int = 29700
+) -> RoundTrips:
     """Mean per-layer round trip of ``tokens x hidden_size`` bf16 activations, raw and through the connector."""
     shape = (tokens, hidden_size)
     raw = _run_pair(_raw_peer, port, shape, iterations)

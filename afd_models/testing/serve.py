@@ -30,11 +30,15 @@ SERVER_ENV = {
 }
 #: engine flags shared by the AFD pair and the baseline, so their outputs are comparable
 COMMON_ARGS = (
-    "--max-model-len", "512",
+    "--max-model-len",
+    "512",
     "--enforce-eager",
-    "--max-num-batched-tokens", "512",
-    "--max-num-seqs", "16",
-    "--served-model-name", "tiny",
+    "--max-num-batched-tokens",
+    "512",
+    "--max-num-seqs",
+    "16",
+    "--served-model-name",
+    "tiny",
 )
 ATTENTION_WORKER = "afd_models.workers.AFDAttentionCPUWorker"
 FFN_WORKER = "afd_models.workers.AFDFFNCPUWorker"
@@ -107,7 +111,18 @@ def start(
     cpu: str | None = None,
 ) -> Server:
     """Launch ``vllm serve`` in the background; ``afd`` is the ``additional_config["afd"]`` section."""
-    args = [*vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, *COMMON_ARGS]
+    args = [
+        *vllm_command(),
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        *COMMON_ARGS,
+    ]
     if worker_cls:
         args += ["--worker-cls", worker_cls]
     if afd is not None:
@@ -119,19 +134,43 @@ def start(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        process = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
     return Server(name, port, process, log)
 
 
-def start_ffn(name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any) -> Server:
+def start_ffn(
+    name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any
+) -> Server:
     """The FFN role: its worker, and the flags it needs (documented in docs/user-guide.md)."""
     extra = ("--no-enable-prefix-caching", "--shutdown-timeout", "5", *kwargs.pop("extra", ()))
-    return start(name, model, port, log_dir, afd={**afd, "role": "ffn"}, worker_cls=FFN_WORKER, extra=extra, **kwargs)
+    return start(
+        name,
+        model,
+        port,
+        log_dir,
+        afd={**afd, "role": "ffn"},
+        worker_cls=FFN_WORKER,
+        extra=extra,
+        **kwargs,
+    )
 
 
-def start_attention(name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any) -> Server:
+def start_attention(
+    name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any
+) -> Server:
     extra = ("--shutdown-timeout", "5", *kwargs.pop("extra", ()))
-    return start(name, model, port, log_dir, afd={**afd, "role": "attention"}, worker_cls=ATTENTION_WORKER, extra=extra, **kwargs)
+    return start(
+        name,
+        model,
+        port,
+        log_dir,
+        afd={**afd, "role": "attention"},
+        worker_cls=ATTENTION_WORKER,
+        extra=extra,
+        **kwargs,
+    )
 
 
 def wait_ready(servers: Sequence[Server], timeout_s: float = 300.0, progress: bool = False) -> None:
@@ -141,14 +180,21 @@ def wait_ready(servers: Sequence[Server], timeout_s: float = 300.0, progress: bo
     while pending:
         for server in list(pending):
             if not server.alive():
-                raise ServerError(f"{server.name} exited with {server.process.returncode} while starting:\n{server.log_tail()}")
+                raise ServerError(
+                    f"{server.name} exited with {server.process.returncode} while starting:\n{server.log_tail()}"
+                )
             if health(server) == 200:
                 pending.remove(server)
                 if progress:
-                    print(f"[serve] {server.name} ready on :{server.port} after {time.monotonic() - server.started:.0f} s", flush=True)
+                    print(
+                        f"[serve] {server.name} ready on :{server.port} after {time.monotonic() - server.started:.0f} s",
+                        flush=True,
+                    )
         if pending and time.monotonic() > deadline:
             names = ", ".join(s.name for s in pending)
-            raise ServerError(f"{names} not ready within {timeout_s:.0f} s:\n{pending[0].log_tail()}")
+            raise ServerError(
+                f"{names} not ready within {timeout_s:.0f} s:\n{pending[0].log_tail()}"
+            )
         time.sleep(0.5)
 
 
@@ -162,10 +208,14 @@ def health(server: Server, timeout_s: float = 2.0) -> int:
         return 0
 
 
-def post(server: Server, path: str, body: Mapping[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:
+def post(
+    server: Server, path: str, body: Mapping[str, Any], timeout_s: float = 120.0
+) -> tuple[int, dict[str, Any]]:
     """POST JSON; returns (status, decoded body). Network errors raise ServerError."""
     request = urllib.request.Request(
-        f"{server.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"{server.url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -185,7 +235,14 @@ def complete(server: Server, prompt: str, max_tokens: int, timeout_s: float = 12
     status, body = post(
         server,
         "/v1/completions",
-        {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True},
+        {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
         timeout_s,
     )
     if status != 200:
@@ -197,7 +254,9 @@ def connector_stats(server: Server) -> dict[str, float]:
     """The Attention worker's connector statistics (the server must run with VLLM_SERVER_DEV_MODE=1)."""
     status, body = post(server, "/collective_rpc", {"method": "afd_connector_stats"}, 30)
     if status != 200:
-        raise ServerError(f"{server.name}: /collective_rpc answered {status} (is VLLM_SERVER_DEV_MODE=1 set?): {body}")
+        raise ServerError(
+            f"{server.name}: /collective_rpc answered {status} (is VLLM_SERVER_DEV_MODE=1 set?): {body}"
+        )
     stats: dict[str, float] = body["results"][0]
     return stats
 
@@ -227,7 +286,9 @@ def kill_group(server: Server, timeout_s: float = 15.0) -> None:
     try:
         server.process.wait(timeout_s)
     except subprocess.TimeoutExpired as exc:
-        raise ServerError(f"{server.name} (pid {server.process.pid}) did not die after SIGKILL") from exc
+        raise ServerError(
+            f"{server.name} (pid {server.process.pid}) did not die after SIGKILL"
+        ) from exc
     while group_members(server):
         if time.monotonic() > deadline:
             raise ServerError(f"{server.name}: processes {group_members(server)} survived SIGKILL")

@@ -124,7 +124,9 @@ def tiny_config(variant: str = "v2", overrides: Mapping[str, Any] | None = None)
         ValueError: unknown variant name.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not a tiny model variant; allowed: {sorted(VARIANTS)}")
+        raise ValueError(
+            f"variant={variant!r} is not a tiny model variant; allowed: {sorted(VARIANTS)}"
+        )
     config = dict(BASE_CONFIG)
     config.update(VARIANTS[variant])
     config.update(overrides or {})
@@ -224,7 +226,9 @@ def build_weights(
             weights[mlp + "down_proj.weight"] = rand(hidden, inner)
             continue
         experts, inner = config["n_routed_experts"], config["moe_intermediate_size"]
-        weights[mlp + "gate.weight"] = (rand(experts, hidden).float() * margin_scale).to(torch_dtype)
+        weights[mlp + "gate.weight"] = (rand(experts, hidden).float() * margin_scale).to(
+            torch_dtype
+        )
         if config.get("topk_method") == "noaux_tc":
             bias = torch.randn(experts, generator=generator) * 0.1
             weights[mlp + "gate.e_score_correction_bias"] = bias.to(torch.float32)
@@ -285,11 +289,18 @@ def write_tiny_model(
     Returns:
         The model directory, ready for ``vllm serve`` / ``vllm.LLM``.
     """
-    return write_checkpoint(out_dir, tiny_config(variant, overrides), seed=seed, dtype=dtype, margin_scale=margin_scale)
+    return write_checkpoint(
+        out_dir, tiny_config(variant, overrides), seed=seed, dtype=dtype, margin_scale=margin_scale
+    )
 
 
 def write_checkpoint(
-    out_dir: str | Path, config: Mapping[str, Any], *, seed: int = 0, dtype: str = "bfloat16", margin_scale: float = 1.0
+    out_dir: str | Path,
+    config: Mapping[str, Any],
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    margin_scale: float = 1.0,
 ) -> Path:
     """Write ``config`` with random weights (reproducible from ``seed``) and the local tokenizer."""
     from safetensors.torch import save_file
@@ -301,7 +312,9 @@ def write_checkpoint(
     config = {**config, "torch_dtype": dtype}
     token_count = build_tokenizer(out, config["vocab_size"])
     if token_count > config["vocab_size"]:
-        raise ValueError(f"tokenizer has {token_count} tokens, more than vocab_size={config['vocab_size']}")
+        raise ValueError(
+            f"tokenizer has {token_count} tokens, more than vocab_size={config['vocab_size']}"
+        )
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
@@ -316,9 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="v2", choices=sorted(VARIANTS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--lm-head-scale", type=float, default=1.0, help="widen logit margins (see build_weights)")
+    parser.add_argument(
+        "--lm-head-scale", type=float, default=1.0, help="widen logit margins (see build_weights)"
+    )
     args = parser.parse_args(argv)
-    path = write_tiny_model(args.out_dir, args.variant, seed=args.seed, dtype=args.dtype, margin_scale=args.margin_scale)
+    path = write_tiny_model(
+        args.out_dir, args.variant, seed=args.seed, dtype=args.dtype, margin_scale=args.margin_scale
+    )
     print(path)
     return 0
 

@@ -24,7 +24,9 @@ from codegen.findings import Finding, Kind, Location, Severity
 
 #: top-level directories and files of the repository that hold our Python code
 SCANNED = ("afd_models", "overlay", "codegen", "tests", "benchmarks", "tools", "noxfile.py")
-_SYS_MODULES_MUTATORS = frozenset({"update", "pop", "popitem", "setdefault", "clear", "__setitem__", "__delitem__"})
+_SYS_MODULES_MUTATORS = frozenset(
+    {"update", "pop", "popitem", "setdefault", "clear", "__setitem__", "__delitem__"}
+)
 
 
 def project_files(repo_root: Path) -> list[Path]:
@@ -60,7 +62,12 @@ def _root(node: ast.expr) -> ast.expr:
 
 def _is_class_of_instance(node: ast.expr) -> bool:
     """``type(x)`` or ``x.__class__``: a class reached through an instance."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "type"
+        and len(node.args) == 1
+    ):
         return True
     return isinstance(node, ast.Attribute) and node.attr == "__class__"
 
@@ -91,9 +98,12 @@ def _is_sys_modules(node: ast.expr) -> bool:
 
 def _is_mock_patch(func: ast.expr) -> bool:
     spelled = ast.unparse(func)
-    return spelled in ("patch", "monkeypatch.setattr", "monkeypatch.delattr", "monkeypatch.setitem") or spelled.endswith(
-        ("mock.patch", "patch.object", "patch.dict", "patch.multiple")
-    )
+    return spelled in (
+        "patch",
+        "monkeypatch.setattr",
+        "monkeypatch.delattr",
+        "monkeypatch.setitem",
+    ) or spelled.endswith(("mock.patch", "patch.object", "patch.dict", "patch.multiple"))
 
 
 def scan_source(text: str, path: str) -> Iterator[Finding]:
@@ -105,9 +115,17 @@ def scan_source(text: str, path: str) -> Iterator[Finding]:
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
             targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
             for target in targets:
-                for leaf in ast.walk(target) if isinstance(target, ast.Tuple | ast.List) else [target]:
+                for leaf in (
+                    ast.walk(target) if isinstance(target, ast.Tuple | ast.List) else [target]
+                ):
                     if isinstance(leaf, ast.Subscript) and _is_sys_modules(leaf.value):
-                        yield Finding(Kind.PATCH_SYS_MODULES, Severity.BLOCK, ast.unparse(leaf), "rebinds an entry of sys.modules", where)
+                        yield Finding(
+                            Kind.PATCH_SYS_MODULES,
+                            Severity.BLOCK,
+                            ast.unparse(leaf),
+                            "rebinds an entry of sys.modules",
+                            where,
+                        )
                     elif isinstance(leaf, ast.Attribute) and _targets_foreign(leaf, imported):
                         yield Finding(
                             Kind.PATCH_ATTRIBUTE,
@@ -118,11 +136,19 @@ def scan_source(text: str, path: str) -> Iterator[Finding]:
                         )
         elif isinstance(node, ast.Call):
             func = node.func
-            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else ""
+            )
             if name == "setattr" and isinstance(func, ast.Name) and node.args:
                 target = node.args[0]
                 root = _root(target)
-                if _is_class_of_instance(target) or (isinstance(root, ast.Name) and root.id in imported):
+                if _is_class_of_instance(target) or (
+                    isinstance(root, ast.Name) and root.id in imported
+                ):
                     yield Finding(
                         Kind.PATCH_SETATTR,
                         Severity.BLOCK,
@@ -130,8 +156,18 @@ def scan_source(text: str, path: str) -> Iterator[Finding]:
                         "calls setattr on an imported module or class; subclass it instead",
                         where,
                     )
-            elif isinstance(func, ast.Attribute) and _is_sys_modules(func.value) and name in _SYS_MODULES_MUTATORS:
-                yield Finding(Kind.PATCH_SYS_MODULES, Severity.BLOCK, f"sys.modules.{name}", "mutates sys.modules", where)
+            elif (
+                isinstance(func, ast.Attribute)
+                and _is_sys_modules(func.value)
+                and name in _SYS_MODULES_MUTATORS
+            ):
+                yield Finding(
+                    Kind.PATCH_SYS_MODULES,
+                    Severity.BLOCK,
+                    f"sys.modules.{name}",
+                    "mutates sys.modules",
+                    where,
+                )
             elif _is_mock_patch(func):
                 yield Finding(
                     Kind.PATCH_MOCK,

@@ -70,7 +70,13 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
             yield _failure(Kind.RUNTIME_IMPORT, symbol, exc, where)
             continue
         if not (isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)):
-            yield Finding(Kind.PATH_BASE, Severity.BLOCK, symbol, f"does not derive from {generated.base}", where)
+            yield Finding(
+                Kind.PATH_BASE,
+                Severity.BLOCK,
+                symbol,
+                f"does not derive from {generated.base}",
+                where,
+            )
             continue
         for member in generated.members:
             name = member.decl.name
@@ -85,7 +91,9 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                         member_at,
                     )
                 continue
-            if not member.decl.kind.is_method or any(d.applies_to(str(generated.base)) for d in member.decl.deltas):
+            if not member.decl.kind.is_method or any(
+                d.applies_to(str(generated.base)) for d in member.decl.deltas
+            ):
                 continue
             ours, theirs = _signature(cls, name), _signature(base, name)
             if ours != theirs:
@@ -121,11 +129,15 @@ def documented_paths(repo_root: Path) -> dict[str, Location]:
                 for match in _DOTTED.finditer(line):
                     text = match.group(0)
                     if text.rsplit(".", 1)[-1].rsplit(":", 1)[-1][:1].isupper():
-                        found.setdefault(text, Location(path.relative_to(repo_root).as_posix(), number))
+                        found.setdefault(
+                            text, Location(path.relative_to(repo_root).as_posix(), number)
+                        )
     return found
 
 
-def check_paths(classes: list[GeneratedClass], registered: dict[str, str], documented: dict[str, Location]) -> Iterator[Finding]:
+def check_paths(
+    classes: list[GeneratedClass], registered: dict[str, str], documented: dict[str, Location]
+) -> Iterator[Finding]:
     """Registered and documented class paths import, and derive from the upstream class they stand for.
 
     Parameters:
@@ -147,13 +159,24 @@ def check_paths(classes: list[GeneratedClass], registered: dict[str, str], docum
             yield _failure(Kind.PATH_IMPORT, path, exc, None)
             continue
         if not (isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)):
-            yield Finding(Kind.PATH_BASE, Severity.BLOCK, path, f"is registered for {claimed} but does not derive from it")
+            yield Finding(
+                Kind.PATH_BASE,
+                Severity.BLOCK,
+                path,
+                f"is registered for {claimed} but does not derive from it",
+            )
     for path, where in sorted(documented.items()):
         try:
             obj = load_dotted(path)
         except Exception as exc:
             yield _failure(Kind.PATH_IMPORT, path, exc, where)
             continue
-        generated = by_object.get(id(obj))
-        if generated is not None and not issubclass(obj, load(generated.base)):
-            yield Finding(Kind.PATH_BASE, Severity.BLOCK, path, f"is documented as {generated.base}'s subclass but is not", where)
+        claimed_class = by_object.get(id(obj))
+        if claimed_class is not None and not issubclass(obj, load(claimed_class.base)):
+            yield Finding(
+                Kind.PATH_BASE,
+                Severity.BLOCK,
+                path,
+                f"is documented as {claimed_class.base}'s subclass but is not",
+                where,
+            )

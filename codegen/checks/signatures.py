@@ -77,7 +77,9 @@ def differences(upstream: Signature, ours: Signature) -> list[Difference]:
         result.append(Difference("return_annotation", None, upstream.returns, ours.returns))
     if upstream.decorators != ours.decorators:
         result.append(
-            Difference("decorators", None, _decorators(upstream.decorators), _decorators(ours.decorators))
+            Difference(
+                "decorators", None, _decorators(upstream.decorators), _decorators(ours.decorators)
+            )
         )
     return result
 
@@ -138,7 +140,11 @@ def check_signature(
         )
     for diff in differences(upstream, ours):
         index = next(
-            (i for i, d in enumerate(deltas) if i not in used and d.kind == diff.kind and d.param == diff.param),
+            (
+                i
+                for i, d in enumerate(deltas)
+                if i not in used and d.kind == diff.kind and d.param == diff.param
+            ),
             None,
         )
         if index is None:
@@ -157,7 +163,10 @@ def check_signature(
             continue
         used.add(index)
         declared = deltas[index]
-        if (_normalize(diff.kind, declared.upstream), _normalize(diff.kind, declared.ours)) != (diff.upstream, diff.ours):
+        if (_normalize(diff.kind, declared.upstream), _normalize(diff.kind, declared.ours)) != (
+            diff.upstream,
+            diff.ours,
+        ):
             findings.append(
                 Finding(
                     Kind.DELTA_INEXACT,

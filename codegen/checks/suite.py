@@ -27,7 +27,14 @@ def compare_lock(repo_root: Path, generation: Generation) -> list[Finding]:
     path = repo_root / LOCK_PATH
     fresh = render_lock(generation.lock)
     if not path.exists():
-        return [Finding(Kind.LOCK_MISSING, Severity.BLOCK, str(LOCK_PATH), "is missing; run `nox -s regenerate` and commit it")]
+        return [
+            Finding(
+                Kind.LOCK_MISSING,
+                Severity.BLOCK,
+                str(LOCK_PATH),
+                "is missing; run `nox -s regenerate` and commit it",
+            )
+        ]
     committed = path.read_text()
     if committed == fresh:
         return []
@@ -52,26 +59,46 @@ def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
     }
     if not on_disk:
         return [
-            Finding(Kind.GENERATED_MISSING, Severity.INFO, str(GENERATED_ROOT), "is not generated yet (run `nox -s regenerate`)")
+            Finding(
+                Kind.GENERATED_MISSING,
+                Severity.INFO,
+                str(GENERATED_ROOT),
+                "is not generated yet (run `nox -s regenerate`)",
+            )
         ]
     findings = []
     for path in sorted(set(expected) | on_disk):
         file = repo_root / path
         if path not in expected:
-            findings.append(Finding(Kind.GENERATED_STALE, Severity.BLOCK, path, "is not produced by the overlay any more; regenerate"))
+            findings.append(
+                Finding(
+                    Kind.GENERATED_STALE,
+                    Severity.BLOCK,
+                    path,
+                    "is not produced by the overlay any more; regenerate",
+                )
+            )
         elif not file.exists():
-            findings.append(Finding(Kind.GENERATED_MISSING, Severity.BLOCK, path, "is missing; regenerate"))
+            findings.append(
+                Finding(Kind.GENERATED_MISSING, Severity.BLOCK, path, "is missing; regenerate")
+            )
         elif file.read_text() != expected[path]:
-            findings.append(Finding(Kind.GENERATED_STALE, Severity.BLOCK, path, "differs from a regeneration; regenerate"))
+            findings.append(
+                Finding(
+                    Kind.GENERATED_STALE,
+                    Severity.BLOCK,
+                    path,
+                    "differs from a regeneration; regenerate",
+                )
+            )
     return findings
 
 
 def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
-    from codegen.checks.runtime import check_classes, check_paths, documented_paths
+    from vllm import ModelRegistry
 
     from afd_models import plugin  # imports nothing heavy; vLLM comes with the first class
-
-    from vllm import ModelRegistry
+    from codegen.checks.runtime import check_classes, check_paths, documented_paths
 
     registered = {}
     for native, (afd_name, _) in plugin.AFD_ARCHITECTURES.items():
@@ -96,7 +123,9 @@ def run_checks(
         context = open_context(repo_root, upstream_root=upstream_root, use_installed=use_installed)
     except SourceError as exc:
         return [Finding(Kind.UPSTREAM_MISSING, Severity.BLOCK, "upstream", str(exc))]
-    origins = ", ".join(f"{s.package} {s.version} from {s.origin}" for s in context.sources.values())
+    origins = ", ".join(
+        f"{s.package} {s.version} from {s.origin}" for s in context.sources.values()
+    )
     progress(f"checking against {origins}")
     generation, _ = generate(context)
     findings = list(generation.findings)
@@ -111,10 +140,22 @@ def run_checks(
     if not runtime:
         return findings
     if importlib.util.find_spec("vllm") is None:
-        findings.append(Finding(Kind.RUNTIME_UNAVAILABLE, Severity.INFO, "vllm", "is not importable here; runtime parity and dotted paths were not checked"))
+        findings.append(
+            Finding(
+                Kind.RUNTIME_UNAVAILABLE,
+                Severity.INFO,
+                "vllm",
+                "is not importable here; runtime parity and dotted paths were not checked",
+            )
+        )
     elif not fresh:
         findings.append(
-            Finding(Kind.RUNTIME_UNAVAILABLE, Severity.INFO, str(GENERATED_ROOT), "is not fresh; runtime checks need a regeneration first")
+            Finding(
+                Kind.RUNTIME_UNAVAILABLE,
+                Severity.INFO,
+                str(GENERATED_ROOT),
+                "is not fresh; runtime checks need a regeneration first",
+            )
         )
     else:
         progress("importing vLLM for runtime parity and dotted paths")

@@ -35,8 +35,14 @@ def tiny_v2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "v2", "v2", seed=0)
 
 
-def run_python(code: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_python(
+    code: str, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet in a fresh interpreter; the result's stdout is the snippet's output."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -37,7 +37,10 @@ def test_plugin_registers_afd_names_only(vllm_env: dict[str, str]) -> None:
     import json
 
     table = json.loads(result.stdout.splitlines()[-1])
-    assert table["DeepseekV2ForCausalLM"] == "vllm.model_executor.models.deepseek_v2:DeepseekV2ForCausalLM"
+    assert (
+        table["DeepseekV2ForCausalLM"]
+        == "vllm.model_executor.models.deepseek_v2:DeepseekV2ForCausalLM"
+    )
     generated = "afd_models._generated.vllm.model_executor.models.deepseek_v2"
     assert table["AFDDeepseekV2ForCausalLM"] == f"{generated}:AFDDeepseekV2ForCausalLM"
     assert table["AFDDeepseekV32ForCausalLM"] == f"{generated}:AFDDeepseekV3ForCausalLM"

@@ -26,8 +26,21 @@ def test_verify_passes(variant: str, dtype: str, tmp_path: Path, vllm_env: dict[
     report = tmp_path / "report.json"
     env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     result = subprocess.run(
-        [sys.executable, "-m", "afd_models.verify", "--hf-config", str(config), "--dtype", dtype, "--json", str(report)],
-        env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "afd_models.verify",
+            "--hf-config",
+            str(config),
+            "--dtype",
+            dtype,
+            "--json",
+            str(report),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     data = json.loads(report.read_text())
@@ -39,7 +52,9 @@ def test_verify_passes(variant: str, dtype: str, tmp_path: Path, vllm_env: dict[
         split = entry["params"]
         assert split["missing"] == [] and split["extra"] == []
         assert not any(".self_attn." in name for name in split["ffn"])
-        assert not any(".mlp.experts." in name or "shared_experts" in name for name in split["attention"])
+        assert not any(
+            ".mlp.experts." in name or "shared_experts" in name for name in split["attention"]
+        )
         gate_params = sorted(n for n in split["ffn"] if ".mlp.gate." in n)
         assert split["both"] == (gate_params if gate == "attention" else [])
         assert not any("embed_tokens" in n or "lm_head" in n for n in split["ffn"])

@@ -38,5 +38,9 @@ def test_missing_tensor_is_named(tensor: str, tmp_path: Path, vllm_env: dict[str
     assert result.returncode != 0 and "LOADED" not in result.stdout
     # vLLM's loader names uninitialized parameters; AFD's check names missing expert slices,
     # which vLLM cannot see (experts share one fused parameter per projection).
-    reported = [line for line in result.stderr.splitlines() if "were not initialized from checkpoint" in line or "lacks" in line]
+    reported = [
+        line
+        for line in result.stderr.splitlines()
+        if "were not initialized from checkpoint" in line or "lacks" in line
+    ]
     assert reported and tensor in reported[-1]

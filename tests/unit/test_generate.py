@@ -13,7 +13,9 @@ from .fake_repo import HEADER, make_repo
 
 GOLDEN = Path(__file__).parent / "golden"
 
-GOOD = HEADER + '''
+GOOD = (
+    HEADER
+    + '''
 
 @subclass()
 class AFDBase(Base):
@@ -42,6 +44,7 @@ class AFDForward(Base):
     @fork(insert_before("return ...", "x = x", id="touch", why="test"))
     def forward(self, x, scale: float = 1.0): ...
 '''
+)
 
 
 def codes(overlay: str, tmp_path: Path) -> list[str]:
@@ -84,7 +87,9 @@ def test_write_is_atomic_and_fast_path(tmp_path: Path) -> None:
     assert up_to_date(context)
     before = {p: p.read_text() for p in (context.repo_root / GENERATED_ROOT).rglob("*.py")}
     broken, _ = generate(context)
-    broken.files["afd_models/_generated/vllm/layers.py/impossible.py"] = "x = 1\n"  # a file below a file
+    broken.files["afd_models/_generated/vllm/layers.py/impossible.py"] = (
+        "x = 1\n"  # a file below a file
+    )
     with pytest.raises(OSError):
         write_output(context.repo_root, broken)
     after = {p: p.read_text() for p in (context.repo_root / GENERATED_ROOT).rglob("*.py")}
@@ -107,36 +112,80 @@ def test_up_to_date_notices_overlay_changes(tmp_path: Path) -> None:
     ("overlay", "expected"),
     [
         # anchors
-        ("@subclass()\nclass A(Base):\n    @fork(replace('self.nothing = 1', 'pass', id='x', why='w'))\n"
-         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["ANC002"]),
-        ("@subclass()\nclass A(Base):\n    @fork(replace('make_experts(...)', 'None', id='x', why='w'))\n"
-         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["ANC003"]),
-        ("@subclass()\nclass A(Base):\n    @fork(replace('self.x = (', 'pass', id='x', why='w'))\n"
-         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["ANC001"]),
+        (
+            "@subclass()\nclass A(Base):\n    @fork(replace('self.nothing = 1', 'pass', id='x', why='w'))\n"
+            "    def __init__(self, size: int, prefix: str = '') -> None: ...",
+            ["ANC002"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @fork(replace('make_experts(...)', 'None', id='x', why='w'))\n"
+            "    def __init__(self, size: int, prefix: str = '') -> None: ...",
+            ["ANC003"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @fork(replace('self.x = (', 'pass', id='x', why='w'))\n"
+            "    def __init__(self, size: int, prefix: str = '') -> None: ...",
+            ["ANC001"],
+        ),
         # signatures of forks and overrides
-        ("@subclass()\nclass A(Base):\n    @fork(delete('self.done = True', id='x', why='w'))\n"
-         "    def __init__(self, size: int, prefix: str = 'p') -> None: ...", ["SIG005"]),
-        ("@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2):\n        return a", ["SIG007"]),
-        ("@subclass()\nclass A(Base):\n    @override(deltas=(delta('return_annotation', upstream='int', ours=None, why='w'),))\n"
-         "    def helper(self, a: int, *, b: int = 2):\n        return a", []),
-        ("@subclass()\nclass A(Base):\n    @override(deltas=(delta('return_annotation', upstream='int', ours=None, why='w'),))\n"
-         "    def helper(self, a: int, *, b: int = 2) -> int:\n        return a", ["SIG010"]),
+        (
+            "@subclass()\nclass A(Base):\n    @fork(delete('self.done = True', id='x', why='w'))\n"
+            "    def __init__(self, size: int, prefix: str = 'p') -> None: ...",
+            ["SIG005"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2):\n        return a",
+            ["SIG007"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @override(deltas=(delta('return_annotation', upstream='int', ours=None, why='w'),))\n"
+            "    def helper(self, a: int, *, b: int = 2):\n        return a",
+            [],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @override(deltas=(delta('return_annotation', upstream='int', ours=None, why='w'),))\n"
+            "    def helper(self, a: int, *, b: int = 2) -> int:\n        return a",
+            ["SIG010"],
+        ),
         # targets and shadowing
-        ("@subclass()\nclass A(Base):\n    @override\n    def nowhere(self) -> None:\n        return None", ["OVL003"]),
-        ("@subclass()\nclass A(Base):\n    @extend\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a", ["OVL004"]),
-        ("@subclass()\nclass A(Base):\n    flag = extend_attr(1)", ["OVL001"]),  # extend_attr not imported in HEADER
+        (
+            "@subclass()\nclass A(Base):\n    @override\n    def nowhere(self) -> None:\n        return None",
+            ["OVL003"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @extend\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a",
+            ["OVL004"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    flag = extend_attr(1)",
+            ["OVL001"],
+        ),  # extend_attr not imported in HEADER
         ("@subclass()\nclass A(Base):\n    kind = override_attr(1)", []),
         ("@subclass(bases=('Nope',))\nclass A(Base):\n    pass", ["OVL002"]),
-        ("@subclass(relies_on=('helper',))\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
-         "        return a", ["OVL001"]),
+        (
+            "@subclass(relies_on=('helper',))\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+            "        return a",
+            ["OVL001"],
+        ),
         # names
-        ("@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return undefined(a)",
-         ["OVL006"]),
-        ("@subclass()\nclass A(Base):\n    @fork(replace('self.done = True', 'self.done = helper_fn()', id='x', why='w'))\n"
-         "    def __init__(self, size: int, prefix: str = '') -> None: ...", ["OVL006"]),
+        (
+            "@subclass()\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return undefined(a)",
+            ["OVL006"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @fork(replace('self.done = True', 'self.done = helper_fn()', id='x', why='w'))\n"
+            "    def __init__(self, size: int, prefix: str = '') -> None: ...",
+            ["OVL006"],
+        ),
         # declarations
-        ("@subclass()\nclass A(Base):\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a", ["OVL001"]),
-        ("@subclass()\nclass A(Base):\n    @fork()\n    def helper(self, a: int, *, b: int = 2) -> int: ...", ["OVL001"]),
+        (
+            "@subclass()\nclass A(Base):\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a",
+            ["OVL001"],
+        ),
+        (
+            "@subclass()\nclass A(Base):\n    @fork()\n    def helper(self, a: int, *, b: int = 2) -> int: ...",
+            ["OVL001"],
+        ),
         ("@subclass(bases=('Base', 'Child'))\nclass A(Base):\n    pass", ["OVL001"]),
         ("class A(Base):\n    pass", ["OVL001"]),
         ("x = 1 + undefined", ["OVL001"]),

@@ -14,7 +14,10 @@ from codegen.checks.monkeypatch import scan, scan_source
     ("source", "codes"),
     [
         ("import torch\ntorch.set_num_threads = lambda n: None", ["MP001"]),
-        ("from vllm.model_executor.models import deepseek_v2\ndeepseek_v2.FusedMoE = object", ["MP001"]),
+        (
+            "from vllm.model_executor.models import deepseek_v2\ndeepseek_v2.FusedMoE = object",
+            ["MP001"],
+        ),
         ("from vllm.x import Cls\nCls.forward = None", ["MP001"]),
         ("from vllm.x import Cls\nCls.a.b += 1", ["MP001"]),
         ("from vllm.x import Cls\ndel Cls.forward", ["MP001"]),
@@ -28,7 +31,10 @@ from codegen.checks.monkeypatch import scan, scan_source
         ("from unittest import mock\nwith mock.patch('vllm.x'):\n    pass", ["MP004"]),
         ("def test(monkeypatch):\n    monkeypatch.setattr('vllm.x.y', 1)", ["MP004"]),
         # allowed: instances and our own objects
-        ("class A:\n    def __init__(self):\n        self.gate = None\n        self.gate.bias = 1", []),
+        (
+            "class A:\n    def __init__(self):\n        self.gate = None\n        self.gate.bias = 1",
+            [],
+        ),
         ("def f(config):\n    config.additional_config = {}", []),
         ("def f(obj):\n    setattr(obj, 'x', 1)", []),
         ("import os\nos.environ['X'] = '1'", []),

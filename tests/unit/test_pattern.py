@@ -9,7 +9,7 @@ import pytest
 
 from codegen.pattern import PatternError, find_matches, normalized_code, parse_pattern
 
-BODY = '''
+BODY = """
 def f(self, config):
     super().__init__()
     # a comment the anchor does not mention
@@ -25,13 +25,16 @@ def f(self, config):
         self.big = False
     for i in range(3):
         self.gate = None
-'''
+"""
 
 
 def _matches(pattern: str) -> list[str]:
     function = cst.parse_module(textwrap.dedent(BODY)).body[0]
     assert isinstance(function, cst.FunctionDef)
-    return [" | ".join(normalized_code(n) for n in m.nodes()) for m in find_matches(parse_pattern(pattern), function.body)]
+    return [
+        " | ".join(normalized_code(n) for n in m.nodes())
+        for m in find_matches(parse_pattern(pattern), function.body)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -42,7 +45,7 @@ def _matches(pattern: str) -> list[str]:
         ("self.experts = FusedMoE(..., num_experts=config.n)", 1),
         ("self.experts = FusedMoE(gate=self.gate)", 0),  # other arguments exist
         ("FusedMoE($...A, gate=self.gate, $...B)", 1),
-        ("self.gate = GateLinear(..., prefix=\"p.gate\")", 1),  # quote style does not matter
+        ('self.gate = GateLinear(..., prefix="p.gate")', 1),  # quote style does not matter
         ("self.gate = ...", 2),  # one in the loop body
         ("self.gate = $X", 2),
         ("if config.n > 4:\n    ...\nelse:\n    ...", 1),
@@ -63,7 +66,9 @@ def test_captures_bind_nodes() -> None:
     """``$X`` and ``$...X`` bind what they matched; a repeated ``$X`` must be equal code."""
     function = cst.parse_module(textwrap.dedent(BODY)).body[0]
     assert isinstance(function, cst.FunctionDef)
-    (match,) = find_matches(parse_pattern("FusedMoE($...BEFORE, gate=$G, $...AFTER)"), function.body)
+    (match,) = find_matches(
+        parse_pattern("FusedMoE($...BEFORE, gate=$G, $...AFTER)"), function.body
+    )
     assert normalized_code(match.bindings["G"]) == "self.gate"
     assert [normalized_code(a.value) for a in match.bindings["BEFORE"]] == ["self.shared"]
     assert len(find_matches(parse_pattern("self.big = $V if $V else $V"), function.body)) == 0

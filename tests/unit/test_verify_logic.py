@@ -64,13 +64,24 @@ def test_shrink_keeps_structure() -> None:
     small = shrink(big)
     validate(small, mla_disabled=True)
     assert parameter_estimate(small) < 1e8
-    for key in ("topk_method", "scoring_func", "n_group", "topk_group", "first_k_dense_replace", "routed_scaling_factor"):
+    for key in (
+        "topk_method",
+        "scoring_func",
+        "n_group",
+        "topk_group",
+        "first_k_dense_replace",
+        "routed_scaling_factor",
+    ):
         assert small[key] == big[key]
     assert small["n_routed_experts"] % small["n_group"] == 0 and small["num_hidden_layers"] == 5
 
 
 def _run(values: list[float], tokens: list[int]) -> dict:
-    return {"calls": [{0: (torch.tensor(values), torch.tensor(values))}], "tokens": [tokens], "params": {}}
+    return {
+        "calls": [{0: (torch.tensor(values), torch.tensor(values))}],
+        "tokens": [tokens],
+        "params": {},
+    }
 
 
 def test_compare_reports_differences() -> None:

@@ -22,6 +22,10 @@ def pinned() -> Context:
 def upstream_copy(tmp_path_factory: pytest.TempPathFactory, pinned: Context) -> Path:
     """A hard-linked copy of the pinned vllm tree that mutation tests may edit file by file."""
     root = tmp_path_factory.mktemp("upstream")
-    shutil.copytree(pinned.sources["vllm"].package_dir, root / "vllm", copy_function=os.link,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        pinned.sources["vllm"].package_dir,
+        root / "vllm",
+        copy_function=os.link,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
     return root

@@ -43,9 +43,13 @@ def test_gate_moved_out_of_moe_forward_in_0_28() -> None:
     """0.28 no longer runs the gate in the inherited ``DeepseekV2MoE.forward``: gate-on-Attention
     relies on that forward, so it is a review finding carrying the diff."""
     run = run_drift(REPO, "0.28.0")
-    changed = _by(run.findings, "DRF021")["vllm.model_executor.models.deepseek_v2:DeepseekV2MoE.forward"]
+    changed = _by(run.findings, "DRF021")[
+        "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE.forward"
+    ]
     assert changed.severity.value == "review" and "AFD relies on it" in changed.message
-    assert any(line.startswith("-") and "self.gate(hidden_states)" in line for line in changed.details)
+    assert any(
+        line.startswith("-") and "self.gate(hidden_states)" in line for line in changed.details
+    )
 
 
 def test_unchanged_version_is_clean() -> None:
@@ -55,10 +59,18 @@ def test_unchanged_version_is_clean() -> None:
 
 def test_formats_and_exit_codes(tmp_path: Path) -> None:
     """Exit 2 with blocking findings; JSON and SARIF come from the same findings."""
-    assert main(["drift", "--to", "0.28.0", "--format", "json", "--out", str(tmp_path / "d.json")]) == 2
+    assert (
+        main(["drift", "--to", "0.28.0", "--format", "json", "--out", str(tmp_path / "d.json")])
+        == 2
+    )
     data = json.loads((tmp_path / "d.json").read_text())
-    assert data["counts"]["by_severity"]["block"] >= 3 and all({"code", "severity", "symbol", "message"} <= set(f) for f in data["findings"])
-    assert main(["drift", "--to", "0.28.0", "--format", "sarif", "--out", str(tmp_path / "d.sarif")]) == 2
+    assert data["counts"]["by_severity"]["block"] >= 3 and all(
+        {"code", "severity", "symbol", "message"} <= set(f) for f in data["findings"]
+    )
+    assert (
+        main(["drift", "--to", "0.28.0", "--format", "sarif", "--out", str(tmp_path / "d.sarif")])
+        == 2
+    )
     sarif = json.loads((tmp_path / "d.sarif").read_text())
     assert sarif["version"] == "2.1.0" and sarif["runs"][0]["results"]
     assert main(["drift", "--to", "0.26.0", "--out", str(tmp_path / "same.md")]) == 0

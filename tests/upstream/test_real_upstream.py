@@ -18,7 +18,9 @@ def test_generation_is_clean_and_locked(pinned: Context) -> None:
     generation, _ = generate(pinned)
     assert [f.one_line() for f in generation.findings] == []
     assert compare_lock(REPO, generation) == []
-    assert [f.one_line() for f in compare_generated(REPO, generation) if f.severity.value != "info"] == []
+    assert [
+        f.one_line() for f in compare_generated(REPO, generation) if f.severity.value != "info"
+    ] == []
 
 
 def test_installed_and_downloaded_sources_agree(pinned: Context) -> None:
@@ -27,7 +29,9 @@ def test_installed_and_downloaded_sources_agree(pinned: Context) -> None:
     generation, index = generate(pinned)
     used = [info.path for info in index.loaded()]
     for relative in used:
-        assert (cached.sources["vllm"].root / relative).read_bytes() == (pinned.sources["vllm"].root / relative).read_bytes()
+        assert (cached.sources["vllm"].root / relative).read_bytes() == (
+            pinned.sources["vllm"].root / relative
+        ).read_bytes()
     again, _ = generate(cached)
     assert again.files == generation.files
 
@@ -46,11 +50,17 @@ def test_source_only_release_is_read_from_its_sdist() -> None:
 def test_lock_records_what_the_overlay_relies_on(pinned: Context) -> None:
     """The lock has the inherited forward of the Attention MoE, marked relied on, with its fingerprint."""
     generation, _ = generate(pinned)
-    forward = generation.lock["symbols"]["vllm.model_executor.models.deepseek_v2:DeepseekV2MoE.forward"]
+    forward = generation.lock["symbols"][
+        "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE.forward"
+    ]
     assert "relied_on" in forward["roles"] and len(forward["body"]) == 64
-    fork = generation.lock["classes"]["afd_models._generated.vllm.model_executor.models.deepseek_v2:AFDAttentionDeepseekV2MoE"]
+    fork = generation.lock["classes"][
+        "afd_models._generated.vllm.model_executor.models.deepseek_v2:AFDAttentionDeepseekV2MoE"
+    ]
     assert fork["members"]["__init__"]["anchors"]["remote-experts"]["lines"] == [362]
-    assert str(SymbolRef.parse(fork["base"])) == "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE"
+    assert (
+        str(SymbolRef.parse(fork["base"])) == "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE"
+    )
 
 
 def test_paths_are_repo_relative(pinned: Context) -> None:

@@ -13,22 +13,29 @@ from collections.abc import Iterable
 import torch
 from transformers import DeepseekV2Config, DeepseekV3Config
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import ParallelConfig, VllmConfig, get_current_vllm_config
+from vllm.config import ParallelConfig, VllmConfig, get_current_vllm_config  # noqa: F401 (edit code)
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.models.deepseek_v2 import (
-    DeepseekForCausalLM,
     DeepseekV2DecoderLayer,
     DeepseekV2ForCausalLM,
     DeepseekV2Model,
     DeepseekV2MoE,
-    DeepseekV3ForCausalLM,
 )
-from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
+from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index  # noqa: F401 (edit code)
 
 from afd_models.models.loading import counting, finish_loading, mark_unloaded
-from afd_models.models.plan import afd_plan
-from afd_models.models.remote import RemoteExperts
-from codegen.markers import extend, fork, insert_after, override, override_attr, replace, subclass, wrap
+from afd_models.models.plan import afd_plan  # noqa: F401 (edit code)
+from afd_models.models.remote import RemoteExperts  # noqa: F401 (edit code)
+from codegen.markers import (
+    extend,
+    fork,
+    insert_after,
+    override,
+    override_attr,
+    replace,
+    subclass,
+    wrap,
+)
 
 _PLAN_FROM_CONTEXT = insert_after(
     "super().__init__()",
@@ -118,12 +125,16 @@ class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
     ): ...
 
     @extend
-    def afd_ffn_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+    def afd_ffn_forward(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> torch.Tensor:
         """This layer's MoE output for received hidden states (and router logits)."""
         if router_logits is None:
             return self.forward(hidden_states)
         num_tokens, hidden_dim = hidden_states.shape
-        output = self.experts(hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits)
+        output = self.experts(
+            hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits
+        )
         return output.view(num_tokens, hidden_dim)
 
 
@@ -177,12 +188,16 @@ class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
     ) -> None: ...
 
     @extend
-    def afd_ffn_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+    def afd_ffn_forward(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> torch.Tensor:
         """FFN role: this layer's MLP or MoE output for received activations."""
         if isinstance(self.mlp, AFDFFNDeepseekV2MoE):
             return self.mlp.afd_ffn_forward(hidden_states, router_logits)
         if isinstance(self.mlp, PPMissingLayer):
-            raise RuntimeError(f"layer {self.layer_idx}: its MLP runs on the Attention role, not here")
+            raise RuntimeError(
+                f"layer {self.layer_idx}: its MLP runs on the Attention role, not here"
+            )
         if router_logits is not None:
             raise RuntimeError(f"layer {self.layer_idx} is dense: it takes no router logits")
         output = self.mlp(hidden_states)

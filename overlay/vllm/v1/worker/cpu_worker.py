@@ -11,6 +11,7 @@ and serves the Attention role from a background thread started once the engine i
 from vllm.config import VllmConfig
 from vllm.tasks import SupportedTask
 from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.cpu_worker import CPUWorker
@@ -51,7 +52,9 @@ class AFDAttentionWorker(CPUWorker):
         is_driver_worker: bool = False,
     ):
         config, _ = prepare_worker_config(vllm_config, Role.ATTENTION)
-        super().__init__(config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
+        super().__init__(
+            config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
+        )
 
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
@@ -80,7 +83,9 @@ class AFDFFNWorker(CPUWorker):
         is_driver_worker: bool = False,
     ):
         config, _ = prepare_worker_config(vllm_config, Role.FFN)
-        super().__init__(config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
+        super().__init__(
+            config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
+        )
 
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
@@ -122,7 +127,9 @@ class AFDFFNWorker(CPUWorker):
     )
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         if kv_cache_config.kv_cache_groups:
-            raise RuntimeError("the AFD FFN worker reported no KV cache, but the engine configured one")
+            raise RuntimeError(
+                "the AFD FFN worker reported no KV cache, but the engine configured one"
+            )
         self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
         self.model_runner.start_afd_server()
 
@@ -142,14 +149,22 @@ class AFDFFNWorker(CPUWorker):
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
     @override(deltas=(RUNS_NOTHING,))
-    def execute_model(self, scheduler_output: "SchedulerOutput") -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
+    def execute_model(
+        self, scheduler_output: "SchedulerOutput"
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         if scheduler_output.total_num_scheduled_tokens:
-            raise RuntimeError("the AFD FFN engine serves no requests; send them to the Attention engine")
+            raise RuntimeError(
+                "the AFD FFN engine serves no requests; send them to the Attention engine"
+            )
         return EMPTY_MODEL_RUNNER_OUTPUT
 
     @override(deltas=(RUNS_NOTHING,))
-    def sample_tokens(self, grammar_output: "GrammarOutput | None") -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        raise RuntimeError("the AFD FFN engine samples no tokens; send requests to the Attention engine")
+    def sample_tokens(
+        self, grammar_output: "GrammarOutput | None"
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        raise RuntimeError(
+            "the AFD FFN engine samples no tokens; send requests to the Attention engine"
+        )
 
     @override
     def execute_dummy_batch(self) -> None:
