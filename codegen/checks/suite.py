@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from codegen.checks import monkeypatch
 from codegen.findings import Finding, Kind, Location, Severity
@@ -102,8 +103,8 @@ def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
 
     registered = {}
     for native, (afd_name, _) in plugin.AFD_ARCHITECTURES.items():
-        lazy = ModelRegistry.models[native]
-        registered[plugin.registrations()[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"  # type: ignore[attr-defined]
+        lazy: Any = ModelRegistry.models[native]  # vLLM's lazily imported registration
+        registered[plugin.registrations()[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
     findings = list(check_classes(generation.classes))
     findings.extend(check_paths(generation.classes, registered, documented_paths(repo_root)))
     return findings
