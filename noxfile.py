@@ -107,9 +107,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def benchmarks(session: nox.Session) -> None:
-    """Codegen speed, proxy overhead, serving throughput and connector overhead; results go to docs/benchmarks.md."""
+    """Codegen speed, proxy overhead, serving and connector overhead, drift quality; results go to docs/benchmarks.md."""
     python = _cpu_python(session)
     _regenerate_with(session, python)
-    names = session.posargs or ["codegen_speed", "proxy_overhead", "serving"]
+    names = session.posargs or ["codegen_speed", "proxy_overhead", "serving", "drift_quality"]
     for name in names:
         session.run(python, f"benchmarks/{name}.py", external=True)
