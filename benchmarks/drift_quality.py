@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from _results import write_section
+
 from codegen.drift_cli import run_drift
 from codegen.mutations import run, summarize
 from codegen.report import counts
