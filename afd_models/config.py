@@ -36,6 +36,8 @@ class GlooExtraConfig:
     connect_timeout_s: float = 300.0
     #: seconds any single send/receive may wait; a dead peer surfaces within this
     timeout_s: float = 60.0
+    #: seconds the FFN role waits for the next step before it gives up and exits (one week)
+    idle_timeout_s: float = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,11 @@ def _seconds(key: str, value: object) -> float:
 
 
 _EXTRA_FIELDS: dict[type, dict[str, Callable[[str, object], object]]] = {
-    GlooExtraConfig: {"connect_timeout_s": _seconds, "timeout_s": _seconds},
+    GlooExtraConfig: {
+        "connect_timeout_s": _seconds,
+        "timeout_s": _seconds,
+        "idle_timeout_s": _seconds,
+    },
     LoopbackExtraConfig: {},
 }
 

@@ -71,11 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     say(
         f"starting the FFN role, the Attention role and the baseline (logs in {logs}); this takes ~1 minute"
     )
-    ffn = serve.start_ffn("ffn", model, serve.free_port(), logs, afd, cpu="1")
+    ffn = serve.start_ffn("ffn", model, serve.free_port(), logs, afd, cpu=serve.cpu(1))
     attention = serve.start_attention(
-        "attention", model, serve.free_port(), logs, afd, cpu="0", env={"VLLM_SERVER_DEV_MODE": "1"}
+        "attention",
+        model,
+        serve.free_port(),
+        logs,
+        afd,
+        cpu=serve.cpu(0),
+        env={"VLLM_SERVER_DEV_MODE": "1"},
     )
-    baseline = serve.start("baseline", model, serve.free_port(), logs, cpu="0")
+    baseline = serve.start("baseline", model, serve.free_port(), logs, cpu=serve.cpu(0))
     servers = [attention, ffn, baseline]
     try:
         serve.wait_ready(servers, timeout_s=600, progress=True)

@@ -107,6 +107,8 @@ class FFNServer:
                 serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
                 self.steps += 1
         except BaseException as exc:  # kept and reported; the thread must not die silently
+            if self._stop.is_set():
+                return  # interrupted while stopping
             self.error = exc
             logger.error("AFD FFN server stopped after %d steps: %s", self.steps, exc)
             if self.on_failure is not None:
@@ -119,5 +121,6 @@ class FFNServer:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self.connector.interrupt()
         if self._thread.is_alive():
             self._thread.join(timeout_s)

@@ -70,6 +70,20 @@ def _indent(text: str) -> str:
     return text[: len(text) - len(text.lstrip())]
 
 
+def _statement_end(lines: list[str], line: int) -> int:
+    """Last line (1-based) of the statement starting at ``line``: its deeper-indented continuation
+    and closing brackets."""
+    indent = _indent(lines[line - 1])
+    stop = line
+    while (
+        stop < len(lines)
+        and lines[stop].strip()
+        and (_indent(lines[stop]) > indent or lines[stop].strip().startswith((")", "]", "}")))
+    ):
+        stop += 1
+    return stop
+
+
 class Mutator:
     """Builds mutations from the lock's symbols and from unrelated upstream methods."""
 
@@ -199,15 +213,10 @@ class Mutator:
             return None
         key, path, line = anchor
         lines = self._lines(path)
-        indent = _indent(lines[line - 1])
-        stop = line
-        while stop < len(lines) and (
-            not lines[stop].strip()
-            or _indent(lines[stop]) > indent
-            or lines[stop].strip().startswith(")")
-        ):
-            stop += 1
-        return Mutation("delete_anchor", key, path, True, line, stop, (f"{indent}pass",))
+        stop = _statement_end(lines, line)
+        return Mutation(
+            "delete_anchor", key, path, True, line, stop, (f"{_indent(lines[line - 1])}pass",)
+        )
 
     def _duplicate_anchor(self, used: bool) -> Mutation | None:
         anchor = self._anchor()
@@ -215,16 +224,10 @@ class Mutator:
             return None
         key, path, line = anchor
         lines = self._lines(path)
-        indent = _indent(lines[line - 1])
-        stop = line
-        while (
-            stop < len(lines)
-            and (_indent(lines[stop]) > indent or lines[stop].strip().startswith(")"))
-            and lines[stop].strip()
-        ):
-            stop += 1
-        block = lines[line - 1 : stop]
-        return Mutation("duplicate_anchor", key, path, True, line, stop, tuple(block + block))
+        block = lines[line - 1 : _statement_end(lines, line)]
+        return Mutation(
+            "duplicate_anchor", key, path, True, line, line + len(block) - 1, tuple(block + block)
+        )
 
     def _anchor(self) -> tuple[str, str, int] | None:
         anchors = []

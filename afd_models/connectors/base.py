@@ -195,6 +195,10 @@ class FFNConnector(ABC):
     def send(self, layer_idx: int, output: torch.Tensor) -> None:
         """Split ``output`` by peer and send each peer its rows."""
 
+    def interrupt(self) -> None:
+        """Make a ``wait_step`` blocked in another thread return (called on stop, with the event set)."""
+        return None
+
     def close(self) -> None:
         """Release sockets and ports; safe to call twice. Nothing to release by default."""
         return None

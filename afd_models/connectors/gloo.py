@@ -6,23 +6,21 @@ may start first: the store accepts the peers for ``connect_timeout_s``. The grou
 vLLM's stateless gloo helper on a public ``TCPStore``, so it never touches either engine's own
 torch.distributed world.
 
-Per step each Attention peer announces a :class:`StepHeader` through the group's store (the FFN
-side waits on it without holding a gloo operation open, so it can idle between requests and stop
-at any time); then, per remote layer, hidden states (and router logits) travel over gloo as raw
-bytes, tagged with the layer so that a mismatch in layer order times out loudly instead of mixing
-layers, and the FFN side answers each peer with its rows. Bytes round-trip every dtype bit for bit.
+Per step each Attention peer sends a :class:`StepHeader`; then, per remote layer, hidden states
+(and router logits) travel as raw bytes, tagged with the layer so that a mismatch in layer order
+times out loudly instead of mixing layers, and the FFN side answers each peer with its rows. Bytes
+round-trip every dtype bit for bit. Every transfer waits at most ``timeout_s``; the FFN side waits
+for the next step up to ``idle_timeout_s``, and a stop interrupts that wait by aborting the group.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
-from typing import TypeVar
 
 import torch
-from torch.distributed import PrefixStore, ProcessGroup, TCPStore
+from torch.distributed import PrefixStore, ProcessGroup, TCPStore, Work
 from vllm.distributed.utils import init_gloo_process_group
 
 from afd_models.config import GlooExtraConfig
@@ -32,10 +30,7 @@ from afd_models.topology import Group
 
 logger = get_logger(__name__)
 
-#: the FFN side's pause between checks for the next step grows from the first to the second value
-IDLE_MIN_S = 20e-6
-IDLE_MAX_S = 0.05
-_T = TypeVar("_T")
+HEADER_TAG = 1 << 20
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -47,13 +42,17 @@ def _layer_tag(layer_idx: int, logits: bool = False) -> int:
 
 
 class _GlooGroup:
-    """The rendezvous store and process group of one connector group."""
+    """The rendezvous store and process group of one connector group.
+
+    The group's default timeout is the idle timeout (how long the FFN side waits for the next
+    step); every transfer inside a step waits at most ``timeout_s``.
+    """
 
     def __init__(self, host: str, group: Group, group_rank: int, extra: GlooExtraConfig, role: str):
         self.where = f"{host}:{group.port}"
         self.group = group
         self.group_rank = group_rank
-        self.timeout_s = extra.timeout_s
+        self.timeout = timedelta(seconds=extra.timeout_s)
         started = time.monotonic()
         logger.info(
             "AFD gloo %s: %s group %d at %s, waiting up to %.0f s for %d peer(s)",
@@ -77,7 +76,7 @@ class _GlooGroup:
                 PrefixStore("afd", self.store),
                 group_rank,
                 group.size,
-                timedelta(seconds=extra.timeout_s),
+                timedelta(seconds=extra.idle_timeout_s),
             )
         except (RuntimeError, OSError) as exc:
             raise AFDConnectionError(
@@ -92,66 +91,30 @@ class _GlooGroup:
             time.monotonic() - started,
         )
 
-    def run(self, what: str, action: Callable[[ProcessGroup], _T]) -> _T:
+    @property
+    def live(self) -> ProcessGroup:
         if self.pg is None:
             raise AFDConnectionError(f"AFD gloo connector at {self.where} is closed")
+        return self.pg
+
+    def wait(self, work: Work, what: str, timeout: timedelta | None = None) -> None:
+        """Wait for one transfer, within ``timeout`` (default: the transfer timeout)."""
         try:
-            return action(self.pg)
+            work.wait(timeout or self.timeout)
         except RuntimeError as exc:
+            limit = (timeout or self.timeout).total_seconds()
             raise AFDConnectionError(
-                f"AFD gloo connector at {self.where}: {what} failed (peer gone or silent for {self.timeout_s:.0f} s): {exc}"
+                f"AFD gloo connector at {self.where}: {what} failed (peer gone or silent for {limit:.0f} s): {exc}"
             ) from exc
 
-    def send(self, tensor: torch.Tensor, peer: int, tag: int, what: str) -> None:
-        self.run(what, lambda pg: pg.send([_as_bytes(tensor)], peer, tag).wait())
+    def post_send(self, tensor: torch.Tensor, peer: int, tag: int) -> Work:
+        return self.live.send([_as_bytes(tensor)], peer, tag)
 
-    def recv(self, like: torch.Tensor, peer: int, tag: int, what: str) -> torch.Tensor:
-        out = torch.empty_like(like, memory_format=torch.contiguous_format)
-        self.run(what, lambda pg: pg.recv([out.view(torch.uint8)], peer, tag).wait())
-        return out
-
-    def header_key(self, group_rank: int, step: int) -> str:
-        return f"afd/step/{group_rank}/{step}"
-
-    def put_header(self, header: StepHeader) -> None:
-        store = self.store
-        if store is None:
-            raise AFDConnectionError(f"AFD gloo connector at {self.where} is closed")
-        try:
-            store.set(
-                self.header_key(self.group_rank, header.step), header.encode().numpy().tobytes()
-            )
-        except RuntimeError as exc:
-            raise AFDConnectionError(
-                f"AFD gloo connector at {self.where}: the FFN peer is gone: {exc}"
-            ) from exc
-
-    def take_header(self, group_rank: int, step: int, stop: threading.Event) -> StepHeader | None:
-        """The peer's header for ``step``; None if ``stop`` is set first. Idles without a deadline.
-
-        Polls the store (``check`` is non-blocking) with a growing pause, reset every step, so a busy
-        decode loop sees its next header within microseconds and an idle server costs nothing.
-        """
-        key = self.header_key(group_rank, step)
-        pause = IDLE_MIN_S
-        while not stop.is_set():
-            store = self.store
-            if store is None:
-                return None
-            try:
-                if store.check([key]):
-                    values = torch.frombuffer(bytearray(store.get(key)), dtype=torch.int64)
-                    store.delete_key(key)
-                    return StepHeader.decode(values)
-            except RuntimeError as exc:
-                raise AFDConnectionError(
-                    f"AFD gloo connector at {self.where}: the Attention peer is gone: {exc}"
-                ) from exc
-            time.sleep(pause)
-            pause = min(pause * 2, IDLE_MAX_S)
-        return None
+    def post_recv(self, out: torch.Tensor, peer: int, tag: int) -> Work:
+        return self.live.recv([out.view(torch.uint8)], peer, tag)
 
     def close(self) -> None:
+        """Abort pending transfers (a waiting FFN loop wakes up) and release sockets and ports."""
         pg, self.pg = self.pg, None
         if pg is not None:
             try:
@@ -162,31 +125,41 @@ class _GlooGroup:
 
 
 class GlooAttentionConnector(AFDConnector):
-    """Attention side: one worker, talking to the FFN rank of its group (group rank 0)."""
+    """Attention side: one worker, talking to the FFN rank of its group (group rank 0).
+
+    The receive of a layer's output is posted before its activations are sent, so the answer can
+    land as soon as the FFN side sends it.
+    """
 
     def __init__(self, host: str, group: Group, attention_rank: int, extra: GlooExtraConfig):
         super().__init__()
         self._group = _GlooGroup(
             host, group, group.group_rank_of_attention(attention_rank), extra, "attention"
         )
+        self._pending: dict[int, tuple[torch.Tensor, Work]] = {}
 
     def _send_header(self, header: StepHeader) -> None:
-        self._group.put_header(header)
+        self._group.wait(
+            self._group.post_send(header.encode(), 0, HEADER_TAG), f"step {header.step} header"
+        )
 
     def _send_layer(
         self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
     ) -> None:
-        self._group.send(hidden_states, 0, _layer_tag(layer_idx), f"send of layer {layer_idx}")
+        out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
+        self._pending[layer_idx] = (out, self._group.post_recv(out, 0, _layer_tag(layer_idx)))
+        self._group.wait(
+            self._group.post_send(hidden_states, 0, _layer_tag(layer_idx)),
+            f"send of layer {layer_idx}",
+        )
         if router_logits is not None:
-            self._group.send(
-                router_logits,
-                0,
-                _layer_tag(layer_idx, logits=True),
-                f"send of layer {layer_idx} logits",
-            )
+            logits = self._group.post_send(router_logits, 0, _layer_tag(layer_idx, logits=True))
+            self._group.wait(logits, f"send of layer {layer_idx} logits")
 
     def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
-        return self._group.recv(like, 0, _layer_tag(layer_idx), f"receive of layer {layer_idx}")
+        out, work = self._pending.pop(layer_idx)
+        self._group.wait(work, f"receive of layer {layer_idx}")
+        return out
 
     def close(self) -> None:
         self._group.close()
@@ -197,49 +170,68 @@ class GlooFFNConnector(FFNConnector):
 
     def __init__(self, host: str, group: Group, extra: GlooExtraConfig):
         self._group = _GlooGroup(host, group, 0, extra, "ffn")
+        self.idle = timedelta(seconds=extra.idle_timeout_s)
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
-        self._step = 0
 
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
-        headers = []
-        for peer in self.peers:
-            header = self._group.take_header(peer, self._step, stop)
-            if header is None:
-                return None
-            headers.append(header)
-        self._step += 1
-        self.headers = headers
-        return headers
+        buffers = [StepHeader.empty() for _ in self.peers]
+        try:
+            works = [
+                self._group.post_recv(b, p, HEADER_TAG)
+                for b, p in zip(buffers, self.peers, strict=True)
+            ]
+            for work in works:
+                self._group.wait(work, "waiting for the next step", self.idle)
+        except AFDConnectionError:
+            if stop.is_set():
+                return None  # interrupted by close(): a clean stop
+            raise
+        self.headers = [StepHeader.decode(b) for b in buffers]
+        return self.headers
 
     def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden, logits = [], []
+        posted = []
         for peer, header in zip(self.peers, self.headers, strict=True):
-            like = torch.empty(header.num_tokens, header.hidden_size, dtype=header.dtype)
-            hidden.append(
-                self._group.recv(like, peer, _layer_tag(layer_idx), f"receive of layer {layer_idx}")
+            hidden = torch.empty(header.num_tokens, header.hidden_size, dtype=header.dtype)
+            logits = (
+                torch.empty(header.num_tokens, header.logits_width, dtype=header.logits_dtype)
+                if header.logits_width
+                else None
             )
-            if header.logits_width:
-                like_logits = torch.empty(
-                    header.num_tokens, header.logits_width, dtype=header.logits_dtype
+            works = [self._group.post_recv(hidden, peer, _layer_tag(layer_idx))]
+            if logits is not None:
+                works.append(
+                    self._group.post_recv(logits, peer, _layer_tag(layer_idx, logits=True))
                 )
-                logits.append(
-                    self._group.recv(
-                        like_logits,
-                        peer,
-                        _layer_tag(layer_idx, logits=True),
-                        f"receive of layer {layer_idx} logits",
-                    )
-                )
-        merged_logits = torch.cat(logits) if logits else None
-        return (hidden[0] if len(hidden) == 1 else torch.cat(hidden)), merged_logits
+            posted.append((hidden, logits, works))
+        for _, _, works in posted:
+            for work in works:
+                self._group.wait(work, f"receive of layer {layer_idx}")
+        hidden_all = [h for h, _, _ in posted]
+        logits_all = [lg for _, lg, _ in posted if lg is not None]
+        merged_hidden = hidden_all[0] if len(hidden_all) == 1 else torch.cat(hidden_all)
+        merged_logits = (
+            (logits_all[0] if len(logits_all) == 1 else torch.cat(logits_all))
+            if logits_all
+            else None
+        )
+        return merged_hidden, merged_logits
 
     def send(self, layer_idx: int, output: torch.Tensor) -> None:
-        start = 0
+        works, start = [], 0
         for peer, header in zip(self.peers, self.headers, strict=True):
-            rows = output[start : start + header.num_tokens]
+            works.append(
+                self._group.post_send(
+                    output[start : start + header.num_tokens], peer, _layer_tag(layer_idx)
+                )
+            )
             start += header.num_tokens
-            self._group.send(rows, peer, _layer_tag(layer_idx), f"send of layer {layer_idx}")
+        for work in works:
+            self._group.wait(work, f"send of layer {layer_idx}")
+
+    def interrupt(self) -> None:
+        self.close()
 
     def close(self) -> None:
         self._group.close()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.forward_context import set_forward_context
+from vllm.forward_context import ForwardContext, create_forward_context, override_forward_context
 from vllm.model_executor.model_loader import get_model_loader
 
 from afd_models.config import AFD_KEY
@@ -24,23 +24,38 @@ Compute = Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 class LoopbackConnector(AFDConnector):
-    """Attention side whose "FFN peer" is a function call."""
+    """Attention side whose "FFN peer" is a function call.
 
-    def __init__(self, compute: Compute):
+    ``compute(layer_idx, hidden_states, router_logits)`` runs the FFN half; ``step_context`` (if
+    given) builds the forward context it runs in, once per step (the header), and every layer only
+    swaps it in, as the gloo FFN server does once per step.
+    """
+
+    def __init__(
+        self, compute: Compute, step_context: Callable[[StepHeader], ForwardContext] | None = None
+    ):
         super().__init__()
         self.compute = compute
-        self.headers: list[StepHeader] = []
+        self.step_context = step_context
+        #: the header of the step in progress
+        self.header: StepHeader | None = None
         #: the in-process FFN-role model, when built by :meth:`with_ffn_model`
         self.ffn_model: nn.Module | None = None
+        self._context: ForwardContext | None = None
         self._results: dict[int, torch.Tensor] = {}
 
     def _send_header(self, header: StepHeader) -> None:
-        self.headers.append(header)
+        self.header = header
+        self._context = self.step_context(header) if self.step_context is not None else None
 
     def _send_layer(
         self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
     ) -> None:
-        self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
+        if self._context is None:
+            self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
+            return
+        with torch.inference_mode(), override_forward_context(self._context):
+            self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
 
     def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
         return self._results.pop(layer_idx)
@@ -59,19 +74,8 @@ class LoopbackConnector(AFDConnector):
             model = get_model_loader(ffn_config.load_config).load_model(
                 vllm_config=ffn_config, model_config=ffn_config.model_config
             )
-
-        def compute(
-            layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
-        ) -> torch.Tensor:
-            with (
-                torch.inference_mode(),
-                set_forward_context(None, ffn_config, num_tokens=hidden_states.shape[0]),
-            ):
-                output: torch.Tensor = model.compute_ffn_output(
-                    layer_idx, hidden_states, router_logits
-                )
-            return output
-
-        connector = cls(compute)
+        connector = cls(
+            model.compute_ffn_output, lambda _: create_forward_context(None, ffn_config)
+        )
         connector.ffn_model = model
         return connector

@@ -48,6 +48,12 @@ class ServerError(RuntimeError):
     """A server failed to start, answer or stop in time."""
 
 
+def cpu(slot: int) -> str:
+    """A CPU id for ``VLLM_CPU_OMP_THREADS_BIND``: the ``slot``-th allowed CPU, wrapping around."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return str(allowed[slot % len(allowed)])
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

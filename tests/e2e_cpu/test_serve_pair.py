@@ -52,7 +52,7 @@ ONE_SEQUENCE = ("--max-num-seqs", "1")
 
 @pytest.fixture(scope="module")
 def baseline(model: Path, logs: Path) -> Iterator[serve.Server]:
-    server = serve.start("baseline", model, serve.free_port(), logs, cpu="0", extra=ONE_SEQUENCE)
+    server = serve.start("baseline", model, serve.free_port(), logs, cpu=serve.cpu(0), extra=ONE_SEQUENCE)
     try:
         serve.wait_ready([server])
         yield server
@@ -81,9 +81,9 @@ def test_pair_matches_baseline_and_fails_cleanly(
     }
     tag = "attention" if gate_on_attention else "ffn"
     starters = [
-        lambda: serve.start_ffn(f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu="1"),
+        lambda: serve.start_ffn(f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(1)),
         lambda: serve.start_attention(
-            f"attention-{tag}", model, serve.free_port(), logs, afd, cpu="0", extra=ONE_SEQUENCE
+            f"attention-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(0), extra=ONE_SEQUENCE
         ),
     ]
     if not ffn_first:
@@ -122,14 +122,14 @@ def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
     """Concurrent requests batch through the connector (several sequences per step); SIGTERM then
     stops both roles with exit code 0 and leaves no process or port behind."""
     afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": TIMEOUT_S}}
-    ffn = serve.start_ffn("ffn-stop", model, serve.free_port(), logs, afd, cpu="1")
+    ffn = serve.start_ffn("ffn-stop", model, serve.free_port(), logs, afd, cpu=serve.cpu(1))
     attention = serve.start_attention(
         "attention-stop",
         model,
         serve.free_port(),
         logs,
         afd,
-        cpu="0",
+        cpu=serve.cpu(0),
         env={"VLLM_SERVER_DEV_MODE": "1"},
     )
     try:
