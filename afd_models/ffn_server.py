@@ -107,12 +107,11 @@ class FFNServer:
                 serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
                 self.steps += 1
         except BaseException as exc:  # kept and reported; the thread must not die silently
-            if self._stop.is_set():
-                return  # interrupted while stopping
-            self.error = exc
-            logger.error("AFD FFN server stopped after %d steps: %s", self.steps, exc)
-            if self.on_failure is not None:
-                self.on_failure(exc)
+            if not self._stop.is_set():  # an error while stopping is the interruption itself
+                self.error = exc
+                logger.error("AFD FFN server failed after %d steps: %s", self.steps, exc)
+                if self.on_failure is not None:
+                    self.on_failure(exc)
         logger.info("AFD FFN server: stopped after %d steps", self.steps)
 
     def raise_if_failed(self) -> None:

@@ -81,7 +81,9 @@ def run(model: Path, mode: str, batch: int, tokens: int, script: Path) -> float:
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
-        raise RuntimeError(f"{mode} batch {batch} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{mode} batch {batch} failed ({result.returncode}):\n{result.stderr[-3000:]}"
+        )
     return float(json.loads(lines[-1].split(" ", 1)[1]))
 
 

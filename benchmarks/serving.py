@@ -43,11 +43,15 @@ def main() -> None:
         logs = Path(tmp) / "logs"
         afd = {"port": serve.free_port()}
         servers = [
-            serve.start_ffn("ffn", model, serve.free_port(), logs, afd, dtype="bfloat16", cpu=serve.cpu(1)),
+            serve.start_ffn(
+                "ffn", model, serve.free_port(), logs, afd, dtype="bfloat16", cpu=serve.cpu(1)
+            ),
             serve.start_attention(
                 "attention", model, serve.free_port(), logs, afd, dtype="bfloat16", cpu=serve.cpu(0)
             ),
-            serve.start("baseline", model, serve.free_port(), logs, dtype="bfloat16", cpu=serve.cpu(0)),
+            serve.start(
+                "baseline", model, serve.free_port(), logs, dtype="bfloat16", cpu=serve.cpu(0)
+            ),
         ]
         try:
             serve.wait_ready(servers, timeout_s=600, progress=True)

@@ -82,7 +82,9 @@ def _file_version(filename: str, distribution: str) -> str | None:
 
 def _version_key(version: str) -> tuple[tuple[int, str], ...]:
     """Sort key ordering 0.9.2 before 0.26.0 (numbers as numbers)."""
-    return tuple((int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"[.+-]", version))
+    return tuple(
+        (int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"[.+-]", version)
+    )
 
 
 def _platform_rank(filename: str) -> int:

@@ -6,15 +6,21 @@ may start first: the store accepts the peers for ``connect_timeout_s``. The grou
 vLLM's stateless gloo helper on a public ``TCPStore``, so it never touches either engine's own
 torch.distributed world.
 
-Per step each Attention peer sends a :class:`StepHeader`; then, per remote layer, hidden states
-(and router logits) travel as raw bytes, tagged with the layer so that a mismatch in layer order
+Per step each Attention peer sends a :class:`StepHeader` over a plain TCP connection to the FFN
+worker (its address travels through the store). The FFN side waits for headers there, not in
+gloo, because a pending gloo receive cannot be woken: only a socket wait lets a stop end the idle
+FFN loop, and it sees a vanished peer at once. Then, per remote layer, hidden states (and router
+logits) travel over gloo as raw bytes, tagged with the layer so that a mismatch in layer order
 times out loudly instead of mixing layers, and the FFN side answers each peer with its rows. Bytes
 round-trip every dtype bit for bit. Every transfer waits at most ``timeout_s``; the FFN side waits
-for the next step up to ``idle_timeout_s``, and a stop interrupts that wait by aborting the group.
+for the next step up to ``idle_timeout_s``.
 """
 
 from __future__ import annotations
 
+import select
+import socket
+import struct
 import threading
 import time
 from datetime import timedelta
@@ -30,7 +36,10 @@ from afd_models.topology import Group
 
 logger = get_logger(__name__)
 
-HEADER_TAG = 1 << 20
+#: store key under which the FFN worker publishes the port of its step-header listener
+STEPS_KEY = "step-channel-port"
+HEADER_BYTES = StepHeader.empty().numel() * 8
+_RANK = struct.Struct("!q")
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -42,13 +51,11 @@ def _layer_tag(layer_idx: int, logits: bool = False) -> int:
 
 
 class _GlooGroup:
-    """The rendezvous store and process group of one connector group.
-
-    The group's default timeout is the idle timeout (how long the FFN side waits for the next
-    step); every transfer inside a step waits at most ``timeout_s``.
-    """
+    """The rendezvous store and process group of one connector group; every transfer waits at
+    most ``timeout_s``."""
 
     def __init__(self, host: str, group: Group, group_rank: int, extra: GlooExtraConfig, role: str):
+        self.host = host
         self.where = f"{host}:{group.port}"
         self.group = group
         self.group_rank = group_rank
@@ -73,10 +80,7 @@ class _GlooGroup:
                 wait_for_workers=True,
             )
             self.pg: ProcessGroup | None = init_gloo_process_group(
-                PrefixStore("afd", self.store),
-                group_rank,
-                group.size,
-                timedelta(seconds=extra.idle_timeout_s),
+                PrefixStore("afd", self.store), group_rank, group.size, self.timeout
             )
         except (RuntimeError, OSError) as exc:
             raise AFDConnectionError(
@@ -91,30 +95,49 @@ class _GlooGroup:
             time.monotonic() - started,
         )
 
+    def publish_step_port(self, port: int) -> None:
+        """FFN side: tell the Attention peers where to send step headers."""
+        assert self.store is not None, "published during construction only"
+        self.store.set(STEPS_KEY, str(port))
+
+    def step_port(self) -> int:
+        """Attention side: the FFN worker's step-header port (waits up to ``connect_timeout_s``)."""
+        assert self.store is not None, "looked up during construction only"
+        return int(self.store.get(STEPS_KEY))
+
     @property
     def live(self) -> ProcessGroup:
         if self.pg is None:
             raise AFDConnectionError(f"AFD gloo connector at {self.where} is closed")
         return self.pg
 
-    def wait(self, work: Work, what: str, timeout: timedelta | None = None) -> None:
-        """Wait for one transfer, within ``timeout`` (default: the transfer timeout)."""
+    def wait(self, work: Work, what: str) -> None:
         try:
-            work.wait(timeout or self.timeout)
+            work.wait(self.timeout)
         except RuntimeError as exc:
-            limit = (timeout or self.timeout).total_seconds()
             raise AFDConnectionError(
-                f"AFD gloo connector at {self.where}: {what} failed (peer gone or silent for {limit:.0f} s): {exc}"
+                f"AFD gloo connector at {self.where}: {what} failed: the peer is gone, "
+                f"or sent nothing for {self.timeout.total_seconds():.0f} s ({exc})"
             ) from exc
 
     def post_send(self, tensor: torch.Tensor, peer: int, tag: int) -> Work:
-        return self.live.send([_as_bytes(tensor)], peer, tag)
+        try:
+            return self.live.send([_as_bytes(tensor)], peer, tag)
+        except RuntimeError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo connector at {self.where}: send to rank {peer} failed (peer gone): {exc}"
+            ) from exc
 
     def post_recv(self, out: torch.Tensor, peer: int, tag: int) -> Work:
-        return self.live.recv([out.view(torch.uint8)], peer, tag)
+        try:
+            return self.live.recv([out.view(torch.uint8)], peer, tag)
+        except RuntimeError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo connector at {self.where}: receive from rank {peer} failed (peer gone): {exc}"
+            ) from exc
 
     def close(self) -> None:
-        """Abort pending transfers (a waiting FFN loop wakes up) and release sockets and ports."""
+        """Abort pending transfers and release sockets and ports."""
         pg, self.pg = self.pg, None
         if pg is not None:
             try:
@@ -137,11 +160,31 @@ class GlooAttentionConnector(AFDConnector):
             host, group, group.group_rank_of_attention(attention_rank), extra, "attention"
         )
         self._pending: dict[int, tuple[torch.Tensor, Work]] = {}
+        self._steps = self._connect_step_channel(extra)
+
+    def _connect_step_channel(self, extra: GlooExtraConfig) -> socket.socket:
+        where = self._group.where
+        try:
+            channel = socket.create_connection(
+                (self._group.host, self._group.step_port()), extra.connect_timeout_s
+            )
+            channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            channel.settimeout(extra.timeout_s)
+            channel.sendall(_RANK.pack(self._group.group_rank))
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise AFDConnectionError(
+                f"AFD gloo attention: no step channel from the FFN worker at {where}: {exc}"
+            ) from exc
+        return channel
 
     def _send_header(self, header: StepHeader) -> None:
-        self._group.wait(
-            self._group.post_send(header.encode(), 0, HEADER_TAG), f"step {header.step} header"
-        )
+        try:
+            self._steps.sendall(header.encode().numpy().tobytes())
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo connector at {self._group.where}: step {header.step} header failed "
+                f"(the FFN worker is gone): {exc}"
+            ) from exc
 
     def _send_layer(
         self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
@@ -162,6 +205,7 @@ class GlooAttentionConnector(AFDConnector):
         return out
 
     def close(self) -> None:
+        self._steps.close()
         self._group.close()
 
 
@@ -170,25 +214,64 @@ class GlooFFNConnector(FFNConnector):
 
     def __init__(self, host: str, group: Group, extra: GlooExtraConfig):
         self._group = _GlooGroup(host, group, 0, extra, "ffn")
-        self.idle = timedelta(seconds=extra.idle_timeout_s)
+        self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
+        # a stop writes to this pair to wake a wait_step blocked in select()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._channels = self._accept_step_channels(host, extra)
+
+    def _accept_step_channels(self, host: str, extra: GlooExtraConfig) -> list[socket.socket]:
+        """One TCP connection per Attention peer, in peer order."""
+        channels: dict[int, socket.socket] = {}
+        with socket.create_server((host, 0)) as listener:
+            self._group.publish_step_port(listener.getsockname()[1])
+            listener.settimeout(extra.connect_timeout_s)
+            try:
+                while len(channels) < len(self.peers):
+                    channel, _ = listener.accept()
+                    channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    channel.settimeout(extra.timeout_s)
+                    (rank,) = _RANK.unpack(_read_exactly(channel, _RANK.size))
+                    channels[rank] = channel
+            except OSError as exc:
+                raise AFDConnectionError(
+                    f"AFD gloo ffn: Attention peers {sorted(set(self.peers) - set(channels))} did "
+                    f"not open their step channel within {extra.connect_timeout_s:.0f} s: {exc}"
+                ) from exc
+        if sorted(channels) != self.peers:
+            raise AFDConnectionError(
+                f"AFD gloo ffn: step channels from ranks {sorted(channels)}, expected {self.peers}"
+            )
+        return [channels[peer] for peer in self.peers]
 
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
-        buffers = [StepHeader.empty() for _ in self.peers]
-        try:
-            works = [
-                self._group.post_recv(b, p, HEADER_TAG)
-                for b, p in zip(buffers, self.peers, strict=True)
-            ]
-            for work in works:
-                self._group.wait(work, "waiting for the next step", self.idle)
-        except AFDConnectionError:
-            if stop.is_set():
-                return None  # interrupted by close(): a clean stop
-            raise
-        self.headers = [StepHeader.decode(b) for b in buffers]
-        return self.headers
+        deadline = time.monotonic() + self.idle_timeout_s
+        headers = []
+        for peer, channel in zip(self.peers, self._channels, strict=True):
+            while True:
+                ready, _, _ = select.select(
+                    [channel, self._wake_reader], [], [], max(0.0, deadline - time.monotonic())
+                )
+                if stop.is_set():
+                    return None
+                if channel in ready:
+                    break
+                if not ready:
+                    raise AFDConnectionError(
+                        f"AFD gloo connector at {self._group.where}: no step from rank {peer} "
+                        f"for {self.idle_timeout_s:.0f} s (idle_timeout_s)"
+                    )
+            try:
+                data = _read_exactly(channel, HEADER_BYTES)
+            except OSError as exc:
+                raise AFDConnectionError(
+                    f"AFD gloo connector at {self._group.where}: step header from rank {peer} "
+                    f"failed: {exc}"
+                ) from exc
+            headers.append(StepHeader.decode(torch.frombuffer(bytearray(data), dtype=torch.int64)))
+        self.headers = headers
+        return headers
 
     def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         posted = []
@@ -231,7 +314,22 @@ class GlooFFNConnector(FFNConnector):
             self._group.wait(work, f"send of layer {layer_idx}")
 
     def interrupt(self) -> None:
-        self.close()
+        self._wake_writer.send(b"\0")
 
     def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        self._wake_reader.close()
+        self._wake_writer.close()
         self._group.close()
+
+
+def _read_exactly(channel: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``channel``; a closed connection is an error, not a short read."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = channel.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return bytes(data)

@@ -52,7 +52,9 @@ ONE_SEQUENCE = ("--max-num-seqs", "1")
 
 @pytest.fixture(scope="module")
 def baseline(model: Path, logs: Path) -> Iterator[serve.Server]:
-    server = serve.start("baseline", model, serve.free_port(), logs, cpu=serve.cpu(0), extra=ONE_SEQUENCE)
+    server = serve.start(
+        "baseline", model, serve.free_port(), logs, cpu=serve.cpu(0), extra=ONE_SEQUENCE
+    )
     try:
         serve.wait_ready([server])
         yield server
@@ -81,9 +83,17 @@ def test_pair_matches_baseline_and_fails_cleanly(
     }
     tag = "attention" if gate_on_attention else "ffn"
     starters = [
-        lambda: serve.start_ffn(f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(1)),
+        lambda: serve.start_ffn(
+            f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(1)
+        ),
         lambda: serve.start_attention(
-            f"attention-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(0), extra=ONE_SEQUENCE
+            f"attention-{tag}",
+            model,
+            serve.free_port(),
+            logs,
+            afd,
+            cpu=serve.cpu(0),
+            extra=ONE_SEQUENCE,
         ),
     ]
     if not ffn_first:
@@ -120,7 +130,8 @@ def test_pair_matches_baseline_and_fails_cleanly(
 
 def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
     """Concurrent requests batch through the connector (several sequences per step); SIGTERM then
-    stops both roles with exit code 0 and leaves no process or port behind."""
+    stops both roles with exit code 0 and leaves no process or port behind. (Stopping the Attention
+    role first also ends the FFN engine, which then reports its peer gone: see the other test.)"""
     afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": TIMEOUT_S}}
     ffn = serve.start_ffn("ffn-stop", model, serve.free_port(), logs, afd, cpu=serve.cpu(1))
     attention = serve.start_attention(
@@ -140,8 +151,8 @@ def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
         steps = serve.connector_stats(attention)["steps"] - before
         assert MAX_TOKENS <= steps < len(PROMPTS) * MAX_TOKENS  # sequences shared steps
     finally:
+        ffn_code = serve.stop(ffn)  # FFN first: the Attention role notices nothing while idle
         attention_code = serve.stop(attention)
-        ffn_code = serve.stop(ffn)
     assert (attention_code, ffn_code) == (0, 0)
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
     assert serve.port_is_free(afd["port"])
