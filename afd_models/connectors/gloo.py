@@ -6,14 +6,17 @@ may start first: the store accepts the peers for ``connect_timeout_s``. The grou
 vLLM's stateless gloo helper on a public ``TCPStore``, so it never touches either engine's own
 torch.distributed world.
 
-Per step each Attention peer sends a :class:`StepHeader` over a plain TCP connection to the FFN
-worker (its address travels through the store). The FFN side waits for headers there, not in
-gloo, because a pending gloo receive cannot be woken: only a socket wait lets a stop end the idle
-FFN loop, and it sees a vanished peer at once. Then, per remote layer, hidden states (and router
-logits) travel over gloo as raw bytes, tagged with the layer so that a mismatch in layer order
-times out loudly instead of mixing layers, and the FFN side answers each peer with its rows. Bytes
-round-trip every dtype bit for bit. Every transfer waits at most ``timeout_s``; the FFN side waits
-for the next step up to ``idle_timeout_s``.
+Per step each Attention peer sends a :class:`StepHeader`, followed by the step's first layer,
+over a plain TCP connection to the FFN worker (its port travels through the store). The FFN side
+waits for steps there, not in gloo, because a pending gloo receive cannot be woken: only a socket
+wait lets a stop end the idle FFN loop, and it sees a vanished peer at once. The first layer rides
+with the header because gloo moves data only once the receiver has posted its receive, and the FFN
+side can post it only after reading the header: by gloo that layer would take three hops instead of
+one. Every later layer goes over gloo, where the FFN side has already posted its receive: hidden
+states (and router logits) as raw bytes, tagged with the layer so that a mismatch in layer order
+times out loudly instead of mixing layers; the FFN side answers each peer with its rows by gloo.
+Bytes round-trip every dtype bit for bit. Every transfer waits at most ``timeout_s``; the FFN side
+waits for the next step up to ``idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ logger = get_logger(__name__)
 
 #: store key under which the FFN worker publishes the port of its step-header listener
 STEPS_KEY = "step-channel-port"
-HEADER_BYTES = StepHeader.empty().numel() * 8
 _RANK = struct.Struct("!q")
 
 
@@ -160,6 +162,7 @@ class GlooAttentionConnector(AFDConnector):
             host, group, group.group_rank_of_attention(attention_rank), extra, "attention"
         )
         self._pending: dict[int, tuple[torch.Tensor, Work]] = {}
+        self._header: StepHeader | None = None
         self._steps = self._connect_step_channel(extra)
 
     def _connect_step_channel(self, extra: GlooExtraConfig) -> socket.socket:
@@ -178,19 +181,25 @@ class GlooAttentionConnector(AFDConnector):
         return channel
 
     def _send_header(self, header: StepHeader) -> None:
-        try:
-            self._steps.sendall(header.encode().numpy().tobytes())
-        except OSError as exc:
-            raise AFDConnectionError(
-                f"AFD gloo connector at {self._group.where}: step {header.step} header failed "
-                f"(the FFN worker is gone): {exc}"
-            ) from exc
+        self._header = header  # leaves with the step's first layer
 
     def _send_layer(
         self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
     ) -> None:
         out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
         self._pending[layer_idx] = (out, self._group.post_recv(out, 0, _layer_tag(layer_idx)))
+        header, self._header = self._header, None
+        if header is not None:
+            tensors = [hidden_states] if router_logits is None else [hidden_states, router_logits]
+            message = b"".join([header.encode().numpy(), *(_as_bytes(t).numpy() for t in tensors)])
+            try:
+                self._steps.sendall(message)
+            except OSError as exc:
+                raise AFDConnectionError(
+                    f"AFD gloo connector at {self._group.where}: step {header.step} failed "
+                    f"(the FFN worker is gone): {exc}"
+                ) from exc
+            return
         self._group.wait(
             self._group.post_send(hidden_states, 0, _layer_tag(layer_idx)),
             f"send of layer {layer_idx}",
@@ -217,6 +226,7 @@ class GlooFFNConnector(FFNConnector):
         self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
+        self._first_layer = False
         # a stop writes to this pair to wake a wait_step blocked in select()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._channels = self._accept_step_channels(host, extra)
@@ -232,7 +242,9 @@ class GlooFFNConnector(FFNConnector):
                     channel, _ = listener.accept()
                     channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     channel.settimeout(extra.timeout_s)
-                    (rank,) = _RANK.unpack(_read_exactly(channel, _RANK.size))
+                    rank_bytes = bytearray(_RANK.size)
+                    _read_into(channel, memoryview(rank_bytes))
+                    (rank,) = _RANK.unpack(rank_bytes)
                     channels[rank] = channel
             except OSError as exc:
                 raise AFDConnectionError(
@@ -262,37 +274,39 @@ class GlooFFNConnector(FFNConnector):
                         f"AFD gloo connector at {self._group.where}: no step from rank {peer} "
                         f"for {self.idle_timeout_s:.0f} s (idle_timeout_s)"
                     )
-            try:
-                data = _read_exactly(channel, HEADER_BYTES)
-            except OSError as exc:
-                raise AFDConnectionError(
-                    f"AFD gloo connector at {self._group.where}: step header from rank {peer} "
-                    f"failed: {exc}"
-                ) from exc
-            headers.append(StepHeader.decode(torch.frombuffer(bytearray(data), dtype=torch.int64)))
+            values = StepHeader.empty()
+            self._read(channel, values, f"step header from rank {peer}")
+            headers.append(StepHeader.decode(values))
         self.headers = headers
+        self._first_layer = True
         return headers
 
     def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        posted = []
-        for peer, header in zip(self.peers, self.headers, strict=True):
+        """The step's first layer follows its header on the step channel; later ones come by gloo."""
+        on_channel, self._first_layer = self._first_layer, False
+        received: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        works = []
+        for index, (peer, header) in enumerate(zip(self.peers, self.headers, strict=True)):
             hidden = torch.empty(header.num_tokens, header.hidden_size, dtype=header.dtype)
             logits = (
                 torch.empty(header.num_tokens, header.logits_width, dtype=header.logits_dtype)
                 if header.logits_width
                 else None
             )
-            works = [self._group.post_recv(hidden, peer, _layer_tag(layer_idx))]
-            if logits is not None:
-                works.append(
-                    self._group.post_recv(logits, peer, _layer_tag(layer_idx, logits=True))
-                )
-            posted.append((hidden, logits, works))
-        for _, _, works in posted:
-            for work in works:
-                self._group.wait(work, f"receive of layer {layer_idx}")
-        hidden_all = [h for h, _, _ in posted]
-        logits_all = [lg for _, lg, _ in posted if lg is not None]
+            received.append((hidden, logits))
+            for tensor, logits_part in ((hidden, False), (logits, True)):
+                if tensor is None:
+                    continue
+                if on_channel:
+                    what = f"layer {layer_idx} from rank {peer}"
+                    self._read(self._channels[index], tensor, what)
+                else:
+                    tag = _layer_tag(layer_idx, logits=logits_part)
+                    works.append(self._group.post_recv(tensor, peer, tag))
+        for work in works:
+            self._group.wait(work, f"receive of layer {layer_idx}")
+        hidden_all = [hidden for hidden, _ in received]
+        logits_all = [logits for _, logits in received if logits is not None]
         merged_hidden = hidden_all[0] if len(hidden_all) == 1 else torch.cat(hidden_all)
         merged_logits = (
             (logits_all[0] if len(logits_all) == 1 else torch.cat(logits_all))
@@ -300,6 +314,14 @@ class GlooFFNConnector(FFNConnector):
             else None
         )
         return merged_hidden, merged_logits
+
+    def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
+        try:
+            _read_into(channel, memoryview(out.view(torch.uint8).numpy()))
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo connector at {self._group.where}: {what} failed: {exc}"
+            ) from exc
 
     def send(self, layer_idx: int, output: torch.Tensor) -> None:
         works, start = [], 0
@@ -324,12 +346,12 @@ class GlooFFNConnector(FFNConnector):
         self._group.close()
 
 
-def _read_exactly(channel: socket.socket, size: int) -> bytes:
-    """``size`` bytes from ``channel``; a closed connection is an error, not a short read."""
-    data = bytearray()
-    while len(data) < size:
-        chunk = channel.recv(size - len(data))
-        if not chunk:
+def _read_into(channel: socket.socket, buffer: memoryview) -> None:
+    """Fill ``buffer`` from ``channel``; a closed connection is an error, not a short read."""
+    view = buffer.cast("B")
+    filled = 0
+    while filled < len(view):
+        received = channel.recv_into(view[filled:])
+        if not received:
             raise ConnectionError("the peer closed the connection")
-        data += chunk
-    return bytes(data)
+        filled += received
