@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     say(
         f"measuring a raw gloo send/recv of the same bytes ({tokens} tokens x {config['hidden_size']} bf16) between two processes"
     )
-    raw = measure(tokens, config["hidden_size"], iterations=200, repeats=1)
+    raw = measure(tokens, config["hidden_size"], iterations=200, repeats=3)
     rows = [
         ("greedy tokens equal (4 prompts x 32 tokens)", "yes" if equal else "NO"),
         ("throughput, AFD pair", f"{afd_rate:.0f} tok/s"),
