@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
+TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu")
 TESTS_ROOT = Path(__file__).resolve().parent
 
 
@@ -38,12 +38,6 @@ def _missing_requirement(tier: str) -> str | None:
         import torch
 
         return None if torch.cuda.is_available() else "no CUDA device on this machine"
-    if tier == "npu":
-        return (
-            None
-            if importlib.util.find_spec("torch_npu")
-            else "torch_npu (Ascend NPU stack) is not installed"
-        )
     return None
 
 

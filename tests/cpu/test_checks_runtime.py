@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from codegen.checks.suite import run_checks
-
-from .conftest import run_python
+from tests.engine import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .conftest import run_python
+from tests.engine import run_python
 
 
 def test_vllm_imports_on_the_cpu_platform(vllm_env: dict[str, str]) -> None:

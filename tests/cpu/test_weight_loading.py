@@ -8,8 +8,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from afd_models.testing.tiny_models import write_tiny_model
-
-from .conftest import run_python
+from tests.engine import run_python
 
 AFD_RUN = """
 from vllm import LLM

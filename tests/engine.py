@@ -1,0 +1,31 @@
+"""Running vLLM engines from tests: each in a fresh interpreter, so every test gets a clean vLLM
+process state (shared by the cpu and gpu tiers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+#: environment of every vLLM process the tests start (the KV-cache size applies on CPU only)
+VLLM_ENV = {
+    "VLLM_MLA_DISABLE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+
+
+def run_python(
+    code: str, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet in a fresh interpreter; the result's stdout is the snippet's output."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
