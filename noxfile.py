@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import cpu_env  # noqa: E402
 
 #: Test directories in the order they run: cheapest tiers first.
-TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu")
+TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
 #: Tiers `nox -s tests` must run here; a skip of one of these is an error, not a pass.
 REQUIRED_TIERS = ("unit", "upstream", "cpu", "e2e_cpu")
 
@@ -39,7 +39,7 @@ def _regenerate_with(session: nox.Session, python: str) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Run every test tier this machine can run (unit, upstream, cpu, e2e_cpu; gpu skips with a reason)."""
+    """Run every test tier this machine can run (unit, upstream, cpu, e2e_cpu; gpu and npu skip with a reason)."""
     python = _cpu_python(session)
     _regenerate_with(session, python)
     paths = [f"tests/{tier}" for tier in TEST_TIERS]

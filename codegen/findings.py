@@ -61,6 +61,7 @@ class Kind(enum.Enum):
     RUNTIME_IMPORT = "RT002"
     RUNTIME_SIGNATURE = "RT003"
     RUNTIME_SHADOWS = "RT004"
+    RUNTIME_REPLACED = "RT005"
     # dotted paths
     PATH_IMPORT = "PTH001"
     PATH_BASE = "PTH002"
@@ -140,6 +141,7 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.RUNTIME_IMPORT: "a generated or upstream symbol does not import",
     Kind.RUNTIME_SIGNATURE: "the runtime signature differs from upstream",
     Kind.RUNTIME_SHADOWS: "an extend name exists on the live upstream class",
+    Kind.RUNTIME_REPLACED: "a forked method is replaced at runtime by code from another package",
     Kind.PATH_IMPORT: "a dotted class path does not import",
     Kind.PATH_BASE: "a dotted class path does not derive from its claimed upstream base",
     Kind.PATCH_ATTRIBUTE: "an attribute of an upstream module or class is assigned",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu")
+TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
 TESTS_ROOT = Path(__file__).resolve().parent
 
 
@@ -38,6 +38,11 @@ def _missing_requirement(tier: str) -> str | None:
         import torch
 
         return None if torch.cuda.is_available() else "no CUDA device on this machine"
+    if tier == "npu":
+        missing = [
+            name for name in ("torch_npu", "vllm_ascend") if not importlib.util.find_spec(name)
+        ]
+        return f"{' and '.join(missing)} not installed (no Ascend NPU stack)" if missing else None
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +92,15 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                         member_at,
                     )
                 continue
+            if member.decl.kind is MemberKind.FORK and (origin := foreign_code(base, name)):
+                yield Finding(
+                    Kind.RUNTIME_REPLACED,
+                    Severity.BLOCK,
+                    f"{symbol}.{name}",
+                    f"forks {name!r}, but the live one on {base.__module__}.{base.__qualname__} "
+                    f"is code from {origin}, not from the source the fork was made from",
+                    member_at,
+                )
             if not member.decl.kind.is_method or any(
                 d.applies_to(str(generated.base)) for d in member.decl.deltas
             ):
@@ -106,6 +116,25 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                     old=str(theirs),
                     new=str(ours),
                 )
+
+
+def foreign_code(cls: type, name: str) -> str | None:
+    """The file of ``cls.name``'s code when it lies outside ``cls``'s top-level package, else None.
+
+    A platform plugin that patches an upstream method (vLLM-Ascend does, at plugin load) leaves
+    code from its own package there; a fork generated from upstream's source would silently drop
+    that patch. The code object's file is used, not ``__module__``, which ``functools.wraps``
+    copies from the function it replaces.
+    """
+    member = inspect.getattr_static(cls, name, None)
+    code = getattr(getattr(member, "__func__", member), "__code__", None)
+    package = sys.modules.get(cls.__module__.partition(".")[0])
+    package_file = getattr(package, "__file__", None)
+    if code is None or package_file is None:
+        return None
+    home = Path(package_file).resolve().parent
+    origin = Path(code.co_filename).resolve()
+    return None if origin.is_relative_to(home) else str(origin)
 
 
 def _owner(cls: type, name: str) -> str:

@@ -4,8 +4,9 @@
 2. the lock: the committed ``overlay/overlay.lock`` equals the regenerated one (diff on mismatch);
 3. generated files on disk equal the regeneration (missing ones are only noted: a fresh clone);
 4. no monkey patches anywhere in the project;
-5. with vLLM importable and fresh generated code: runtime signature parity, extend shadowing on
-   live classes, registered and documented dotted paths.
+5. with vLLM importable (and its general plugins loaded) and fresh generated code: runtime
+   signature parity, extend shadowing and forks of patched methods on live classes, registered
+   and documented dotted paths.
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
 
 def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
     from vllm import ModelRegistry
+    from vllm.plugins import load_general_plugins
+
+    # as every engine process does: a plugin's patches of upstream must be in place to be seen
+    load_general_plugins()
 
     from afd_models import plugin  # imports nothing heavy; vLLM comes with the first class
     from codegen.checks.runtime import check_classes, check_paths, documented_paths
