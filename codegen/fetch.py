@@ -80,13 +80,6 @@ def _file_version(filename: str, distribution: str) -> str | None:
     return rest.split("-")[0]
 
 
-def _version_key(version: str) -> tuple[tuple[int, str], ...]:
-    """Sort key ordering 0.9.2 before 0.26.0 (numbers as numbers)."""
-    return tuple(
-        (int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"[.+-]", version)
-    )
-
-
 def _platform_rank(filename: str) -> int:
     """Prefer a wheel for this machine's architecture; any wheel has the same Python sources."""
     machine = os.uname().machine if hasattr(os, "uname") else ""

@@ -274,11 +274,3 @@ def summary(findings: Iterable[Finding]) -> str:
     return ", ".join(
         f"{counts[s]} {s.value}" for s in (Severity.BLOCK, Severity.REVIEW, Severity.INFO)
     )
-
-
-class CodegenError(Exception):
-    """A failure that stops a command and carries findings to report (not a tool crash)."""
-
-    def __init__(self, findings: list[Finding]):
-        super().__init__("; ".join(f.one_line() for f in findings))
-        self.findings = findings

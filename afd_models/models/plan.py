@@ -55,10 +55,6 @@ class ModelPlan:
         return self.config.compute_gate_on_attention
 
     @property
-    def builds_moe_gate(self) -> bool:
-        return self.is_ffn or self.gate_on_attention
-
-    @property
     def dense_mlp_on_ffn(self) -> bool:
         """Dense MLP layers go to the FFN role with the gate; with the gate on Attention they stay."""
         return not self.gate_on_attention
