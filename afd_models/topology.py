@@ -15,7 +15,7 @@ Pure functions, no vLLM: every rule is unit-tested over a grid of topologies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -109,8 +109,11 @@ def ffn_token_counts(counts_per_attention: Sequence[int], num_ffn_ranks: int) ->
     return [sum(counts_per_attention[k * ratio : (k + 1) * ratio]) for k in range(num_ffn_ranks)]
 
 
-def peer_slices(counts_per_attention: Sequence[int], group: Group) -> list[slice]:
-    """Rows of the FFN rank's concatenated batch that belong to each peer, in group order."""
+def peer_slices(
+    counts_per_attention: Sequence[int] | Mapping[int, int], group: Group
+) -> list[slice]:
+    """Rows of the FFN rank's concatenated batch that belong to each peer, in group order
+    (``counts_per_attention`` is indexed by Attention rank)."""
     start = 0
     slices = []
     for rank in group.attention_ranks:

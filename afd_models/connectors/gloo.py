@@ -35,7 +35,7 @@ from vllm.distributed.utils import init_gloo_process_group
 from afd_models.config import GlooExtraConfig
 from afd_models.connectors.base import AFDConnectionError, AFDConnector, FFNConnector, StepHeader
 from afd_models.log import get_logger
-from afd_models.topology import Group
+from afd_models.topology import Group, peer_slices
 
 logger = get_logger(__name__)
 
@@ -324,14 +324,14 @@ class GlooFFNConnector(FFNConnector):
             ) from exc
 
     def send(self, layer_idx: int, output: torch.Tensor) -> None:
-        works, start = [], 0
-        for peer, header in zip(self.peers, self.headers, strict=True):
-            works.append(
-                self._group.post_send(
-                    output[start : start + header.num_tokens], peer, _layer_tag(layer_idx)
-                )
-            )
-            start += header.num_tokens
+        group = self._group.group
+        counts = {
+            rank: h.num_tokens for rank, h in zip(group.attention_ranks, self.headers, strict=True)
+        }
+        works = [
+            self._group.post_send(output[rows], peer, _layer_tag(layer_idx))
+            for peer, rows in zip(self.peers, peer_slices(counts, group), strict=True)
+        ]
         for work in works:
             self._group.wait(work, f"send of layer {layer_idx}")
 
