@@ -6,16 +6,38 @@
   vLLM API returning a new config, so the engine's own config and every non-AFD engine keep
   vLLM's classes;
 * MLA cannot run on the CPU platform: say ``VLLM_MLA_DISABLE=1`` instead of failing deep inside;
+* engine flags the AFD runtime cannot serve are refused here, each naming its flag
+  (:func:`refuse_unsupported`), instead of failing after the weights are loaded;
+* the Attention worker's config copy lists the exchange op in ``compilation_config.splitting_ops``,
+  so vLLM's piecewise compilation splits the graph at every exchange;
+* the FFN worker runs eagerly (it calls its layers per step, never the compiled forward) and
+  reserves no KV-cache memory (it holds no KV cache), so it starts without a memory flag on a
+  machine the CPU backend's default reservation would not fit twice;
 * the FFN role holds no KV cache; vLLM's scheduler then needs prefix caching off
-  (``--no-enable-prefix-caching``), which only the engine command line can set.
+  (``--no-enable-prefix-caching``), which only the engine command line can set: refused without.
+
+:func:`refuse_unsupported` reads only plain attributes, so it is tested without vLLM.
 """
 
 from __future__ import annotations
 
-from vllm.config import VllmConfig
+import copy
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
+from afd_models.log import get_logger
 from afd_models.plugin import afd_architecture
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = get_logger(__name__)
+
+#: connectors whose exchange may be captured inside a CUDA graph (none yet: the NCCL one will be)
+GRAPH_CAPTURABLE_CONNECTORS: frozenset[str] = frozenset()
+#: CUDA-graph modes that never capture the exchange: it runs eagerly between captured pieces
+CUDA_GRAPH_MODES_WITHOUT_EXCHANGE = ("NONE", "PIECEWISE")
 
 
 def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConfig, AFDConfig]:
@@ -43,9 +65,105 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
         )
     if vllm_config.use_v2_model_runner:
         raise AFDConfigError("AFD runs on vLLM's V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0")
-    if role is Role.FFN and vllm_config.cache_config.enable_prefix_caching:
+    refuse_unsupported(vllm_config, afd)
+    config = vllm_config.with_hf_config(model_config.hf_config, architectures=[target])
+    if role is Role.ATTENTION:
+        config = replace(config, compilation_config=_with_exchange_splitting(config))
+        compilation = config.compilation_config
+        logger.info(
+            "AFD attention worker: compilation mode %s, CUDA graphs %s, splitting ops %s",
+            compilation.mode.name,
+            compilation.cudagraph_mode.name,
+            compilation.splitting_ops,
+        )
+    else:
+        config = _ffn_runs_eagerly(config)
+        logger.info(
+            "AFD ffn worker: runs its layers eagerly per received step; no KV cache reserved"
+        )
+    return config, afd
+
+
+def _ffn_runs_eagerly(vllm_config: VllmConfig) -> VllmConfig:
+    """The FFN worker's config: eager kernels, no KV-cache reservation.
+
+    The FFN role calls its layers one by one per received step, never the compiled model forward,
+    so it takes what ``--enforce-eager`` gives: vLLM's eager kernels (compiled mode selects the
+    plain-torch implementations it expects Inductor to fuse). Its compilation settings start over.
+    """
+    from vllm.config import CompilationConfig
+
+    # with_hf_config deep-copied the model config: this copy belongs to this worker alone
+    vllm_config.model_config.enforce_eager = True
+    return replace(
+        vllm_config,
+        compilation_config=CompilationConfig(),
+        cache_config=replace(vllm_config.cache_config, kv_cache_memory_bytes=0),
+    )
+
+
+def _with_exchange_splitting(vllm_config: VllmConfig) -> Any:
+    """A copy of the compilation config whose splitting ops include the AFD exchange."""
+    from afd_models.ops import SPLITTING_OPS
+
+    compilation = copy.deepcopy(vllm_config.compilation_config)
+    ops = list(compilation.splitting_ops or [])
+    compilation.splitting_ops = ops + [op for op in SPLITTING_OPS if op not in ops]
+    return compilation
+
+
+def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
+    """Raise for the first engine flag this role's AFD runtime cannot serve.
+
+    Raises:
+        AFDConfigError: naming the flag, its value and what to use instead.
+    """
+    parallel = vllm_config.parallel_config
+    role = afd.role.value
+    if parallel.pipeline_parallel_size > 1:
+        raise AFDConfigError(
+            f"--pipeline-parallel-size={parallel.pipeline_parallel_size} is not supported with AFD "
+            f"({role} role): the AFD split already takes the pipeline's place; allowed: 1. Scale with "
+            "--tensor-parallel-size / --data-parallel-size and additional_config.afd.num_*_ranks"
+        )
+    if parallel.enable_dbo or parallel.ubatch_size > 1:
+        raise AFDConfigError(
+            f"--enable-dbo={parallel.enable_dbo} / --ubatch-size={parallel.ubatch_size} is not supported "
+            f"with AFD yet ({role} role): micro-batch overlap of the exchange is not implemented; "
+            "allowed: no --enable-dbo and --ubatch-size 1"
+        )
+    if parallel.enable_eplb:
+        raise AFDConfigError(
+            f"--enable-eplb is not supported with AFD ({role} role): the Attention role holds no "
+            "experts to rebalance and the FFN role runs no scheduler steps to drive it; allowed: "
+            "leave --enable-eplb off"
+        )
+    if vllm_config.speculative_config is not None:
+        method = getattr(vllm_config.speculative_config, "method", None)
+        raise AFDConfigError(
+            f"--speculative-config (method {method!r}) is not supported with AFD ({role} role): the "
+            "draft model's layers have no FFN peer; allowed: no --speculative-config"
+        )
+    if afd.is_ffn and vllm_config.cache_config.enable_prefix_caching:
         raise AFDConfigError(
             "the FFN role holds no KV cache, so vLLM's scheduler needs prefix caching off: "
             "add --no-enable-prefix-caching to the FFN engine"
         )
-    return vllm_config.with_hf_config(model_config.hf_config, architectures=[target]), afd
+    if afd.is_ffn and afd.connector == "LoopbackAFDConnector":
+        raise AFDConfigError(
+            "additional_config.afd.connector='LoopbackAFDConnector' runs the FFN half inside the Attention "
+            "engine; do not start an FFN engine with it (allowed for the FFN role: GlooAFDConnector)"
+        )
+    mode = vllm_config.compilation_config.cudagraph_mode
+    mode_name = getattr(mode, "name", str(mode))
+    if (
+        afd.is_attention
+        and mode_name not in CUDA_GRAPH_MODES_WITHOUT_EXCHANGE
+        and afd.connector not in GRAPH_CAPTURABLE_CONNECTORS
+    ):
+        raise AFDConfigError(
+            f"--compilation-config cudagraph_mode={mode_name} is not supported by the AFD Attention "
+            f"worker with {afd.connector}: a full CUDA graph would capture the exchange, which this "
+            f"connector cannot run inside a graph; allowed: {' or '.join(CUDA_GRAPH_MODES_WITHOUT_EXCHANGE)}, "
+            """e.g. --compilation-config '{"cudagraph_mode": "PIECEWISE"}', or --enforce-eager"""
+        )

@@ -285,6 +285,8 @@ def _run(args: argparse.Namespace, model_dir: Path, mode: str, work: Path) -> di
         args.dtype,
     ]
     print(f"[verify] running {mode} ...", file=sys.stderr, flush=True)
+    # Eager on both sides (layer hooks need it); with Dynamo off, vLLM's lazily compiled helpers
+    # run as plain PyTorch rather than compiling on their first call.
     env = {
         **os.environ,
         "TORCHDYNAMO_DISABLE": "1",

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import textwrap
 
-#: environment of every vLLM process the tests start (the KV-cache size applies on CPU only)
+#: environment of every vLLM process the tests start (the KV-cache size applies on CPU only).
+#: These engines run eagerly (``enforce_eager=True``); with Dynamo off, vLLM's lazily compiled
+#: helpers (grouped top-k routing) run as plain PyTorch instead of compiling on first call. The
+#: compiled mode is tested by the exchange-op test and the e2e tier.
 VLLM_ENV = {
     "VLLM_MLA_DISABLE": "1",
     "TORCHDYNAMO_DISABLE": "1",

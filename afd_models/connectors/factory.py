@@ -44,13 +44,11 @@ def connect_attention(vllm_config: VllmConfig, tp_rank: int) -> AFDConnector:
 
 
 def connect_ffn(vllm_config: VllmConfig, tp_rank: int) -> FFNConnector:
-    """The FFN worker's connector; hosts its group and waits for the Attention peers."""
+    """The FFN worker's connector; hosts its group and waits for the Attention peers.
+
+    (A loopback connector never gets here: the FFN worker refuses it at start-up.)
+    """
     afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
-    if afd.connector == "LoopbackAFDConnector":
-        raise AFDConfigError(
-            "additional_config.afd.connector='LoopbackAFDConnector' runs the FFN half inside the Attention "
-            "engine; do not start an FFN engine with it (allowed for the FFN role: GlooAFDConnector)"
-        )
     from afd_models.connectors.gloo import GlooFFNConnector
 
     rank = worker_role_rank(vllm_config, tp_rank)

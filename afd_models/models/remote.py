@@ -7,6 +7,10 @@ vLLM's native ``DeepseekV2MoE.forward`` and ``DeepseekV2DecoderLayer.forward`` r
 call them like the modules they replace; they send the activations (and the router logits when
 the gate runs on Attention) through the connector and return what the FFN role computed.
 
+Their forward is one call of the ``afd::exchange`` custom op (:mod:`afd_models.ops`), which
+vLLM's compiler treats as opaque; the op finds the proxy again by its module prefix, under which
+each proxy registers in the engine's ``static_forward_context`` when it is built.
+
 They derive from vLLM's ``PPMissingLayer``: to vLLM's loader and pipeline utilities they are
 layers this process does not own, which is exactly the case, so checkpoint tensors under them are
 skipped by vLLM's own rules.
@@ -19,26 +23,36 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from vllm.config import get_current_vllm_config
 from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
+
+from afd_models.ops import exchange
 
 if TYPE_CHECKING:
     from afd_models.connectors.base import AFDConnector
 
 
 class RemoteFFN(PPMissingLayer):
-    """The FFN part of layer ``layer_idx``, computed by the FFN role."""
+    """The FFN part of the layer at module path ``prefix``, computed by the FFN role."""
 
-    def __init__(self, layer_idx: int):
+    def __init__(self, prefix: str):
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_name = prefix
+        self.layer_idx = extract_layer_index(prefix)
         self.connector: AFDConnector | None = None
+        # How the exchange op finds this proxy (vLLM's attention and MoE layers register alike).
+        layers = get_current_vllm_config().compilation_config.static_forward_context
+        if prefix in layers:
+            raise ValueError(f"duplicate layer name {prefix!r} in the static forward context")
+        layers[prefix] = self
 
     def extra_repr(self) -> str:
-        return f"layer_idx={self.layer_idx}"
+        return f"layer_name={self.layer_name!r}"
 
     def exchange(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
     ) -> torch.Tensor:
+        """Send through the connector and receive (what the ``afd::exchange`` op runs)."""
         if self.connector is None:
             raise RuntimeError(
                 f"layer {self.layer_idx}: no AFD connector is bound; the AFD Attention runner binds one "
@@ -48,7 +62,7 @@ class RemoteFFN(PPMissingLayer):
         return self.connector.recv(self.layer_idx, hidden_states)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return self.exchange(hidden_states, None)
+        return exchange(hidden_states, None, self.layer_name)
 
 
 class RemoteExperts(RemoteFFN):
@@ -59,12 +73,13 @@ class RemoteExperts(RemoteFFN):
     the native forward runs the gate and this proxy sends the router logits too.
     """
 
-    def __init__(self, layer_idx: int, *, gate_on_attention: bool):
-        super().__init__(layer_idx)
+    def __init__(self, prefix: str, *, gate_on_attention: bool):
+        super().__init__(prefix)
         self.is_internal_router = not gate_on_attention
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return self.exchange(hidden_states, None if self.is_internal_router else router_logits)
+        logits = None if self.is_internal_router else router_logits
+        return exchange(hidden_states, logits, self.layer_name)
 
     def update_expert_map(self) -> None:
         """EPLB hook of the MoE runner interface: the experts are remote, nothing to remap here."""
@@ -72,7 +87,7 @@ class RemoteExperts(RemoteFFN):
 
 def remote_dense_mlp(*, prefix: str, **_: object) -> RemoteFFN:
     """Stands in for ``DeepseekV2MLP(...)`` of a dense layer computed by the FFN role."""
-    return RemoteFFN(extract_layer_index(prefix))
+    return RemoteFFN(prefix)
 
 
 def remote_layers(model: nn.Module) -> Iterator[RemoteFFN]:

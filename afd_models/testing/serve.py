@@ -20,19 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: environment every server gets (CPU platform, no hub, no usage stats, no Dynamo start-up cost)
+#: environment every server gets (CPU platform, a 1 GiB KV cache, no hub, no usage stats)
 SERVER_ENV = {
     "VLLM_MLA_DISABLE": "1",
-    "TORCHDYNAMO_DISABLE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
 }
-#: engine flags shared by the AFD pair and the baseline, so their outputs are comparable
+#: engine flags shared by the AFD pair and the baseline, so their outputs are comparable; vLLM's
+#: default compilation unless a server is started with ``eager=True``
 COMMON_ARGS = (
     "--max-model-len",
     "512",
-    "--enforce-eager",
     "--max-num-batched-tokens",
     "512",
     "--max-num-seqs",
@@ -115,8 +114,12 @@ def start(
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cpu: str | None = None,
+    eager: bool = False,
 ) -> Server:
-    """Launch ``vllm serve`` in the background; ``afd`` is the ``additional_config["afd"]`` section."""
+    """Launch ``vllm serve`` in the background; ``afd`` is the ``additional_config["afd"]`` section.
+
+    The server runs in vLLM's default (compiled) mode, or with ``--enforce-eager`` if ``eager``.
+    """
     args = [
         *vllm_command(),
         "serve",
@@ -129,6 +132,8 @@ def start(
         dtype,
         *COMMON_ARGS,
     ]
+    if eager:
+        args.append("--enforce-eager")
     if worker_cls:
         args += ["--worker-cls", worker_cls]
     if afd is not None:
@@ -202,6 +207,16 @@ def wait_ready(servers: Sequence[Server], timeout_s: float = 300.0, progress: bo
                 f"{names} not ready within {timeout_s:.0f} s:\n{pending[0].log_tail()}"
             )
         time.sleep(0.5)
+
+
+#: what vLLM logs when a model runs compiled: it saved the compiled forward, or loaded one from its cache
+COMPILED_MARKERS = ("saved AOT compiled function", "Directly load AOT compilation")
+
+
+def ran_compiled(server: Server) -> bool:
+    """Whether the server compiled its model (or loaded it compiled from vLLM's cache)."""
+    log = server.log.read_text(errors="replace")
+    return any(marker in log for marker in COMPILED_MARKERS)
 
 
 def health(server: Server, timeout_s: float = 2.0) -> int:

@@ -3,6 +3,7 @@
 Tests, the demo and benchmarks build their models here; nothing comes from a hub.
 
     python -m afd_models.testing.tiny_models OUT_DIR [--variant v2] [--seed 0] [--dtype bfloat16]
+        [--margin-scale 1.0]
 
 Each variant is a small config that exercises one part of vLLM's DeepSeek code path. Tensor
 names follow the original DeepSeek checkpoints (per-expert ``experts.E.{gate,up,down}_proj``,
@@ -324,15 +325,24 @@ def write_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write a tiny random DeepSeek checkpoint.")
-    parser.add_argument("out_dir", type=Path)
+    parser = argparse.ArgumentParser(
+        prog="python -m afd_models.testing.tiny_models",
+        description="Write a tiny random DeepSeek checkpoint (weights, config, local tokenizer).",
+    )
+    parser.add_argument("out_dir", type=Path, help="directory to write; created if missing")
     parser.add_argument("--variant", default="v2", choices=sorted(VARIANTS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument(
-        "--lm-head-scale", type=float, default=1.0, help="widen logit margins (see build_weights)"
+        "--margin-scale",
+        type=float,
+        default=1.0,
+        help="multiply the output head and the MoE routers, widening the margins of greedy tokens "
+        "and expert choices (50 makes them robust to batch-dependent rounding; see build_weights)",
     )
     args = parser.parse_args(argv)
+    if not args.margin_scale > 0:
+        parser.error(f"--margin-scale={args.margin_scale} is not allowed; allowed: a number > 0")
     path = write_tiny_model(
         args.out_dir, args.variant, seed=args.seed, dtype=args.dtype, margin_scale=args.margin_scale
     )

@@ -1,9 +1,10 @@
 """AFD end to end: FFN and Attention ``vllm serve`` processes on 127.0.0.1 against a plain vLLM baseline.
 
-For both gate placements (each started in a different order): greedy completions of 4 concurrent
-requests equal the baseline token for token; the FFN engine refuses requests; killing the FFN
-makes Attention requests fail with a clear error within the connector timeout; both roles stop
-cleanly and release their ports.
+For both gate placements (each started in a different order), in vLLM's default compiled mode:
+greedy completions of 4 concurrent requests equal a baseline compiled the same way, token for
+token; the FFN engine refuses requests; killing the FFN makes Attention requests fail with a
+clear error within the connector timeout; both roles stop cleanly and release their ports.
+Eager mode (``--enforce-eager``) serves batched requests and stops cleanly.
 
 Token equality is checked with ``--max-num-seqs 1`` on both sides, so each sequence is decoded in
 the same batch shape on both: vLLM's eager CPU kernels are not batch-invariant, and a plain vLLM
@@ -32,6 +33,8 @@ PROMPTS = [
 ]
 MAX_TOKENS = 24
 TIMEOUT_S = 10
+#: engine start-up, including the Attention engine's compilation on 2 shared cores
+START_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,8 @@ def baseline(model: Path, logs: Path) -> Iterator[serve.Server]:
         "baseline", model, serve.free_port(), logs, cpu=serve.cpu(0), extra=ONE_SEQUENCE
     )
     try:
-        serve.wait_ready([server])
+        serve.wait_ready([server], START_TIMEOUT_S)
+        assert serve.ran_compiled(server), server.log_tail()
         yield server
     finally:
         serve.stop(server)
@@ -103,10 +107,11 @@ def test_pair_matches_baseline_and_fails_cleanly(
     second = starters[1]()
     ffn, attention = (first, second) if ffn_first else (second, first)
     try:
-        serve.wait_ready([ffn, attention])
+        serve.wait_ready([ffn, attention], START_TIMEOUT_S)
         expected = _concurrently(baseline)
         assert _concurrently(attention) == expected
         assert all(len(tokens) == MAX_TOKENS for tokens in expected)
+        assert serve.ran_compiled(attention), attention.log_tail()
 
         status, _ = serve.post(
             ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
@@ -128,12 +133,15 @@ def test_pair_matches_baseline_and_fails_cleanly(
     assert codes[attention.name] is not None
 
 
-def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
-    """Concurrent requests batch through the connector (several sequences per step); SIGTERM then
-    stops both roles with exit code 0 and leaves no process or port behind. (Stopping the Attention
-    role first also ends the FFN engine, which then reports its peer gone: see the other test.)"""
+def test_eager_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
+    """With --enforce-eager, concurrent requests batch through the connector (several sequences per
+    step); SIGTERM then stops both roles with exit code 0 and leaves no process or port behind.
+    (Stopping the Attention role first also ends the FFN engine, which then reports its peer gone:
+    see the other test.)"""
     afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": TIMEOUT_S}}
-    ffn = serve.start_ffn("ffn-stop", model, serve.free_port(), logs, afd, cpu=serve.cpu(1))
+    ffn = serve.start_ffn(
+        "ffn-stop", model, serve.free_port(), logs, afd, cpu=serve.cpu(1), eager=True
+    )
     attention = serve.start_attention(
         "attention-stop",
         model,
@@ -142,9 +150,10 @@ def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
         afd,
         cpu=serve.cpu(0),
         env={"VLLM_SERVER_DEV_MODE": "1"},
+        eager=True,
     )
     try:
-        serve.wait_ready([ffn, attention])
+        serve.wait_ready([ffn, attention], START_TIMEOUT_S)
         before = serve.connector_stats(attention)["steps"]
         outputs = _concurrently(attention)
         assert [len(tokens) for tokens in outputs] == [MAX_TOKENS] * len(PROMPTS)
@@ -157,3 +166,4 @@ def test_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
     assert serve.port_is_free(afd["port"])
     assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
+    assert not serve.ran_compiled(attention)

@@ -21,7 +21,7 @@ from vllm.model_executor.models.deepseek_v2 import (
     DeepseekV2Model,
     DeepseekV2MoE,
 )
-from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index  # noqa: F401 (edit code)
+from vllm.model_executor.models.utils import PPMissingLayer
 
 from afd_models.models.loading import counting, finish_loading, mark_unloaded
 from afd_models.models.plan import afd_plan  # noqa: F401 (edit code)
@@ -81,7 +81,7 @@ class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
         ),
         replace(
             "self.experts = FusedMoE(...)",
-            "self.experts = RemoteExperts(extract_layer_index(prefix), gate_on_attention=plan.gate_on_attention)",
+            "self.experts = RemoteExperts(f'{prefix}.experts', gate_on_attention=plan.gate_on_attention)",
             id="remote-experts",
             why="the experts run on the FFN role; the proxy exchanges activations through the connector",
         ),

@@ -1,0 +1,122 @@
+"""The launch commands of docs/user-guide.md and README.md, run exactly as written.
+
+The docs mark each command block with ``<!-- doc-test: NAME -->``; the README shows the same
+blocks as the user guide (checked here), so they run once. Like a user who followed the guide:
+from the checkout root, in vLLM's default compiled mode, each block in its own shell, with this
+test's environment less every ``VLLM_*`` / ``TORCHDYNAMO_*`` variable (a user's shell has none of
+the test harness's settings). ``model`` runs to completion; ``ffn`` and ``attention`` run in the
+background, as in their own terminals, until the port named by their ``--port`` answers
+``/health``; ``request`` must print a completion. Everything started is stopped by process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from afd_models.testing import serve
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "user-guide.md"
+README = ROOT / "README.md"
+MARKED_BLOCK = re.compile(r"<!-- doc-test: (\w+) -->\n```bash\n(.*?)\n```", re.S)
+BLOCKS = ("model", "ffn", "attention", "request")
+#: where the documented model command writes the tiny model
+MODEL_DIR = Path("/tmp/afd-tiny")
+#: ports the documented commands use: Attention, FFN, the connector's rendezvous
+DOCUMENTED_PORTS = (8000, 8001, 29650)
+
+
+def documented_blocks(path: Path) -> dict[str, str]:
+    found = MARKED_BLOCK.findall(path.read_text())
+    names = [name for name, _ in found]
+    assert sorted(names) == sorted(BLOCKS), (
+        f"{path.name}: doc-test blocks {names}, expected {BLOCKS}"
+    )
+    return dict(found)
+
+
+def user_shell_env() -> dict[str, str]:
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("VLLM_", "TORCHDYNAMO_"))
+    }
+
+
+def run_block(script: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """A documented block run to completion in its own shell, as a user pastes it."""
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env=user_shell_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def start_block(name: str, script: str, port: int, logs: Path) -> serve.Server:
+    log = logs / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=ROOT,
+            env=user_shell_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return serve.Server(name, port, process, log)
+
+
+def documented_port(script: str) -> int:
+    match = re.search(r"--port (\d+)", script)
+    assert match, f"no --port in the documented command:\n{script}"
+    return int(match.group(1))
+
+
+def test_readme_shows_the_user_guide_commands() -> None:
+    assert documented_blocks(README) == documented_blocks(GUIDE)
+
+
+def test_documented_launch_serves_a_completion_in_compiled_mode(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    blocks = documented_blocks(GUIDE)
+    busy = [port for port in DOCUMENTED_PORTS if not serve.port_is_free(port)]
+    assert not busy, (
+        f"the documented ports {busy} are in use on this machine; free them to run this test"
+    )
+    logs = tmp_path_factory.mktemp("documented-launch")
+    model_existed = MODEL_DIR.exists()
+
+    made = run_block(blocks["model"], timeout_s=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert (MODEL_DIR / "config.json").is_file() and (MODEL_DIR / "model.safetensors").is_file()
+
+    servers = [
+        start_block(name, blocks[name], documented_port(blocks[name]), logs)
+        for name in ("ffn", "attention")
+    ]
+    try:
+        serve.wait_ready(servers, timeout_s=600)
+        answer = run_block(blocks["request"], timeout_s=120)
+        assert answer.returncode == 0, answer.stderr
+        body = json.loads(answer.stdout)
+        choice = body["choices"][0]
+        assert choice["text"] and choice["finish_reason"] in ("length", "stop"), body
+        assert 1 <= body["usage"]["completion_tokens"] <= 16, body
+        assert serve.ran_compiled(servers[1]), servers[1].log_tail()
+    finally:
+        for server in servers:
+            serve.stop(server)
+        if not model_existed:
+            shutil.rmtree(MODEL_DIR, ignore_errors=True)
+    assert not any(serve.group_alive(server) for server in servers)

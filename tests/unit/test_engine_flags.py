@@ -1,0 +1,110 @@
+"""Engine flags the AFD runtime refuses before anything is built (afd_models.engine.refuse_unsupported).
+
+The configs are stand-ins with the attributes the check reads: the CUDA-graph, DBO and pipeline
+settings cannot be set on this machine's CPU platform (it forces them off), and the check itself
+reads plain attributes only.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from afd_models.config import AFDConfigError, parse_afd_config
+from afd_models.engine import refuse_unsupported
+
+
+def engine(
+    *,
+    cudagraph_mode: str = "NONE",
+    speculative_config: Any = None,
+    enable_prefix_caching: bool = False,
+    **parallel: Any,
+) -> SimpleNamespace:
+    """An engine config as vLLM's CPU platform leaves it, with ``parallel`` settings changed."""
+    settings = {
+        "pipeline_parallel_size": 1,
+        "enable_dbo": False,
+        "ubatch_size": 1,
+        "enable_eplb": False,
+        **parallel,
+    }
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(**settings),
+        compilation_config=SimpleNamespace(cudagraph_mode=SimpleNamespace(name=cudagraph_mode)),
+        speculative_config=speculative_config,
+        cache_config=SimpleNamespace(enable_prefix_caching=enable_prefix_caching),
+    )
+
+
+def afd(role: str, **keys: Any) -> Any:
+    return parse_afd_config({"role": role, **keys})
+
+
+@pytest.mark.parametrize("role", ["attention", "ffn"])
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE"])
+def test_defaults_and_graphs_without_the_exchange_are_accepted(role: str, mode: str) -> None:
+    refuse_unsupported(engine(cudagraph_mode=mode), afd(role))
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("connector", ["GlooAFDConnector", "LoopbackAFDConnector"])
+def test_full_cuda_graphs_are_refused_on_attention(mode: str, connector: str) -> None:
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(engine(cudagraph_mode=mode), afd("attention", connector=connector))
+    message = str(error.value)
+    assert f"--compilation-config cudagraph_mode={mode}" in message
+    assert connector in message
+    assert "allowed: NONE or PIECEWISE" in message and "--enforce-eager" in message
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_the_ffn_role_captures_nothing_so_any_graph_mode_is_accepted(mode: str) -> None:
+    refuse_unsupported(engine(cudagraph_mode=mode), afd("ffn"))
+
+
+REFUSED = {
+    "pipeline parallel": (
+        {"pipeline_parallel_size": 2},
+        ["--pipeline-parallel-size=2", "allowed: 1"],
+    ),
+    "dbo": (
+        {"enable_dbo": True},
+        ["--enable-dbo=True", "allowed: no --enable-dbo and --ubatch-size 1"],
+    ),
+    "micro-batches": ({"ubatch_size": 2}, ["--ubatch-size=2", "allowed:"]),
+    "eplb": ({"enable_eplb": True}, ["--enable-eplb", "allowed: leave --enable-eplb off"]),
+    "speculative decoding": (
+        {"speculative_config": SimpleNamespace(method="mtp")},
+        ["--speculative-config (method 'mtp')", "allowed: no --speculative-config"],
+    ),
+}
+
+
+@pytest.mark.parametrize("role", ["attention", "ffn"])
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_flags_name_the_flag_its_value_and_the_alternative(role: str, case: str) -> None:
+    settings, expected = REFUSED[case]
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(engine(**settings), afd(role))
+    message = str(error.value)
+    for text in [*expected, f"({role} role)"]:
+        assert text in message
+
+
+def test_the_loopback_connector_is_refused_on_an_ffn_engine() -> None:
+    refuse_unsupported(engine(), afd("attention", connector="LoopbackAFDConnector"))
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(engine(), afd("ffn", connector="LoopbackAFDConnector"))
+    message = str(error.value)
+    assert "additional_config.afd.connector='LoopbackAFDConnector'" in message
+    assert "allowed for the FFN role: GlooAFDConnector" in message
+
+
+def test_prefix_caching_is_refused_on_the_ffn_engine_only() -> None:
+    refuse_unsupported(engine(enable_prefix_caching=True), afd("attention"))
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(engine(enable_prefix_caching=True), afd("ffn"))
+    assert "add --no-enable-prefix-caching to the FFN engine" in str(error.value)
