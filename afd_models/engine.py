@@ -77,23 +77,24 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
             compilation.splitting_ops,
         )
     else:
-        config = _ffn_runs_eagerly(config)
+        # with_hf_config deep-copied the model config: that copy belongs to this worker alone
+        config = eager_ffn_config(config)
         logger.info(
             "AFD ffn worker: runs its layers eagerly per received step; no KV cache reserved"
         )
     return config, afd
 
 
-def _ffn_runs_eagerly(vllm_config: VllmConfig) -> VllmConfig:
-    """The FFN worker's config: eager kernels, no KV-cache reservation.
+def eager_ffn_config(vllm_config: VllmConfig) -> VllmConfig:
+    """An FFN-role config: eager kernels, no KV-cache reservation.
 
     The FFN role calls its layers one by one per received step, never the compiled model forward,
     so it takes what ``--enforce-eager`` gives: vLLM's eager kernels (compiled mode selects the
     plain-torch implementations it expects Inductor to fuse). Its compilation settings start over.
+    ``vllm_config.model_config`` must be the caller's own copy: it is switched to eager in place.
     """
     from vllm.config import CompilationConfig
 
-    # with_hf_config deep-copied the model config: this copy belongs to this worker alone
     vllm_config.model_config.enforce_eager = True
     return replace(
         vllm_config,
@@ -143,6 +144,12 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
         raise AFDConfigError(
             f"--speculative-config (method {method!r}) is not supported with AFD ({role} role): the "
             "draft model's layers have no FFN peer; allowed: no --speculative-config"
+        )
+    if vllm_config.lora_config is not None:
+        raise AFDConfigError(
+            f"--enable-lora is not supported with AFD ({role} role): adapters are applied per "
+            "request, and the FFN role sees no requests, so adapter weights of its layers would be "
+            "skipped silently; allowed: no --enable-lora"
         )
     if afd.is_ffn and vllm_config.cache_config.enable_prefix_caching:
         raise AFDConfigError(

@@ -19,6 +19,7 @@ from vllm.model_executor.model_loader import get_model_loader
 
 from afd_models.config import AFD_KEY
 from afd_models.connectors.base import AFDConnector, StepHeader
+from afd_models.engine import eager_ffn_config
 
 Compute = Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -64,12 +65,14 @@ class LoopbackConnector(AFDConnector):
     def with_ffn_model(cls, vllm_config: VllmConfig) -> LoopbackConnector:
         """Build the FFN-role model of this engine's checkpoint in-process and serve it directly.
 
-        Call before the Attention model is built: the FFN model gets a deep copy of the config.
+        Call before the Attention model is built: the FFN model gets a deep copy of the config,
+        made eager as an FFN worker's is (vLLM's eager kernels, whatever the Attention side's mode).
         """
         ffn_config = copy.deepcopy(vllm_config)
         section = dict(ffn_config.additional_config[AFD_KEY])
         section["role"] = "ffn"
         ffn_config.additional_config = {**ffn_config.additional_config, AFD_KEY: section}
+        ffn_config = eager_ffn_config(ffn_config)
         with set_current_vllm_config(ffn_config):
             model = get_model_loader(ffn_config.load_config).load_model(
                 vllm_config=ffn_config, model_config=ffn_config.model_config

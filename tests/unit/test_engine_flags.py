@@ -20,6 +20,7 @@ def engine(
     *,
     cudagraph_mode: str = "NONE",
     speculative_config: Any = None,
+    lora_config: Any = None,
     enable_prefix_caching: bool = False,
     **parallel: Any,
 ) -> SimpleNamespace:
@@ -35,6 +36,7 @@ def engine(
         parallel_config=SimpleNamespace(**settings),
         compilation_config=SimpleNamespace(cudagraph_mode=SimpleNamespace(name=cudagraph_mode)),
         speculative_config=speculative_config,
+        lora_config=lora_config,
         cache_config=SimpleNamespace(enable_prefix_caching=enable_prefix_caching),
     )
 
@@ -76,6 +78,10 @@ REFUSED = {
     ),
     "micro-batches": ({"ubatch_size": 2}, ["--ubatch-size=2", "allowed:"]),
     "eplb": ({"enable_eplb": True}, ["--enable-eplb", "allowed: leave --enable-eplb off"]),
+    "lora": (
+        {"lora_config": SimpleNamespace(max_loras=1)},
+        ["--enable-lora", "allowed: no --enable-lora"],
+    ),
     "speculative decoding": (
         {"speculative_config": SimpleNamespace(method="mtp")},
         ["--speculative-config (method 'mtp')", "allowed: no --speculative-config"],
