@@ -77,7 +77,6 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
             compilation.splitting_ops,
         )
     else:
-        # with_hf_config deep-copied the model config: that copy belongs to this worker alone
         config = eager_ffn_config(config)
         logger.info(
             "AFD ffn worker: runs its layers eagerly per received step; no KV cache reserved"
@@ -91,13 +90,14 @@ def eager_ffn_config(vllm_config: VllmConfig) -> VllmConfig:
     The FFN role calls its layers one by one per received step, never the compiled model forward,
     so it takes what ``--enforce-eager`` gives: vLLM's eager kernels (compiled mode selects the
     plain-torch implementations it expects Inductor to fuse). Its compilation settings start over.
-    ``vllm_config.model_config`` must be the caller's own copy: it is switched to eager in place.
     """
     from vllm.config import CompilationConfig
 
-    vllm_config.model_config.enforce_eager = True
+    model_config = copy.copy(vllm_config.model_config)
+    model_config.enforce_eager = True
     return replace(
         vllm_config,
+        model_config=model_config,
         compilation_config=CompilationConfig(),
         cache_config=replace(vllm_config.cache_config, kv_cache_memory_bytes=0),
     )
@@ -161,8 +161,7 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
             "additional_config.afd.connector='LoopbackAFDConnector' runs the FFN half inside the Attention "
             "engine; do not start an FFN engine with it (allowed for the FFN role: GlooAFDConnector)"
         )
-    mode = vllm_config.compilation_config.cudagraph_mode
-    mode_name = getattr(mode, "name", str(mode))
+    mode_name = vllm_config.compilation_config.cudagraph_mode.name
     if (
         afd.is_attention
         and mode_name not in CUDA_GRAPH_MODES_WITHOUT_EXCHANGE

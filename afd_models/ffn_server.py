@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -56,36 +55,6 @@ def serve_step(
             connector.send(
                 layer_idx, model.compute_ffn_output(layer_idx, hidden_states, router_logits)
             )
-
-
-def warm_up(
-    model: Any,
-    vllm_config: VllmConfig,
-    hidden_size: int,
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-) -> tuple[int, ...]:
-    """Run every FFN layer once for 1 token and for the largest step, before serving.
-
-    vLLM compiles some MoE helpers (grouped top-k routing, for one) on their first call, one graph
-    for any token count >= 2 and one for a single token. Unwarmed, the FFN role's first steps would
-    spend those compilations inside the Attention role's transfer timeout. With the router logits
-    left out, each MoE layer runs its own gate: the same routing path, fed logits of the dtype the
-    Attention role's gate sends when the gate runs there. Returns the token counts warmed up.
-    """
-    sizes = (1, vllm_config.scheduler_config.max_num_batched_tokens)
-    started = time.monotonic()
-    for tokens in sizes:
-        hidden_states = torch.zeros(tokens, hidden_size, dtype=dtype, device=device)
-        with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
-            for layer_idx in model.ffn_layer_indices():
-                model.compute_ffn_output(layer_idx, hidden_states)
-    logger.info(
-        "AFD FFN worker: warmed up its layers for %s tokens in %.1f s",
-        " and ".join(map(str, sizes)),
-        time.monotonic() - started,
-    )
-    return sizes
 
 
 def exit_process(exc: BaseException) -> None:

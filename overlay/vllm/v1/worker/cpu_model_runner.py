@@ -2,15 +2,14 @@
 
 One declaration per role generates a subclass of each base. The Attention runner connects to the
 FFN role before loading the model (the FFN role computes during vLLM's profiling forward) and binds
-the connector to the model's remote proxies; the FFN runner loads the FFN half, warms it up before
-it lets the Attention role connect, and serves steps.
+the connector to the model's remote proxies; the FFN runner loads the FFN half and serves steps.
 """
 
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from afd_models.connectors.factory import connect_attention, connect_ffn
-from afd_models.ffn_server import FFNServer, exit_process, warm_up
+from afd_models.ffn_server import FFNServer, exit_process
 from afd_models.models.remote import bind_connector
 from codegen.markers import delta, extend, override, subclass
 
@@ -65,8 +64,6 @@ class AFDFFNModelRunner(CPUModelRunner):
     @override(deltas=LOAD_SPANS)
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights=load_dummy_weights)
-        hidden_size = self.model_config.get_hidden_size()
-        warm_up(self.get_model(), self.vllm_config, hidden_size, self.dtype, self.device)
         self.afd_connector = connect_ffn(self.vllm_config, get_tensor_model_parallel_rank())
         self.afd_server: FFNServer | None = None
 
