@@ -37,10 +37,21 @@ def _regenerate_with(session: nox.Session, python: str) -> None:
     session.run(python, "-m", "codegen", "regenerate", external=True)
 
 
+#: The static checks `tests` runs on the tree as committed, before anything regenerates: a lock
+#: or generated header that a commit forgot to regenerate fails here, naming `nox -s regenerate`.
+COMMITTED_CHECK = ("-m", "codegen", "check", "--no-runtime")
+
+
+def _check_committed_with(session: nox.Session, python: str) -> None:
+    session.log("checking the committed lock and overlay against a regeneration (static checks)")
+    session.run(python, *COMMITTED_CHECK, external=True)
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Run every test tier this machine can run (unit, upstream, cpu, e2e_cpu; gpu and npu skip with a reason)."""
+    """Static checks on the committed tree, then every test tier this machine can run (gpu and npu skip with a reason)."""
     python = _cpu_python(session)
+    _check_committed_with(session, python)
     _regenerate_with(session, python)
     paths = [f"tests/{tier}" for tier in TEST_TIERS]
     session.run(

@@ -6,10 +6,17 @@ Severity follows what AFD does with the symbol:
 * block: generation against the new version would fail or be wrong without a human: a removed
   base, fork or override target, a changed signature of something we override or fork, a lost or
   ambiguous anchor, an ``extend`` name upstream now defines;
-* review: the code still generates, but behaviour we depend on may have changed: the body of an
-  inherited method we rely on, the body an override replaces, a forked region upstream edited
-  (3-way: pinned body, our edits, new body), the signature of something we call or import, MRO;
-* info: everything else that changed (inherited bodies nobody relies on, forks that rebase cleanly).
+  ambiguous anchor, an ``extend`` name upstream now defines, a broken contract of a relied-on
+  method (what AFD would do wrong is in the message);
+* review: the code still generates, but behaviour we depend on may have changed: a forked body
+  upstream edited (outside our anchors: the generated code changes with it; inside: 3-way), the
+  signature of something we call or import, a contract now matching elsewhere, MRO;
+* info: everything else that changed: inherited bodies nobody relies on, relied-on bodies whose
+  contracts all hold, bodies our overrides replace without calling ``super()`` (only their
+  signature matters), purely cosmetic changes (formatting, comments, docstrings, bare annotations).
+
+A removed symbol with a successor in the same module (a compatible signature or a near-identical
+body) is one "renamed" finding that lists every forked call site and the re-anchored edits.
 
 A symbol that cannot be analysed is a DRF060 finding, never a silent skip.
 """
@@ -20,16 +27,19 @@ import ast
 import difflib
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import libcst as cst
+
 from codegen.checks.signatures import differences
+from codegen.contracts import evaluate
 from codegen.edit import EditError, anchor_lines, apply_edits, parse_method
 from codegen.findings import Finding, Kind, Location, Severity
-from codegen.index import Member, UpstreamIndex
+from codegen.index import Member, UpstreamIndex, same_behaviour
 from codegen.lock import describe_symbol
-from codegen.markers import Edit
+from codegen.markers import Contract, Edit
 from codegen.model import Signature, SymbolRef
 from codegen.pattern import PatternError, parse_pattern
 
@@ -39,6 +49,7 @@ _BREAKING_ROLES = {
     "fork",
     "override",
     "extended",
+    "replaced",
     "override_attr",
     "overlay_import",
     "generated_import",
@@ -57,6 +68,8 @@ _SIGNATURE_KINDS = {
     "decorators": Kind.DRIFT_DECORATORS,
 }
 REGISTRY_MODULE = "vllm.model_executor.models.registry"
+#: how much of a call site's code a rename finding shows
+SITE_CODE_CHARS = 120
 DIFF_LINES = 60
 
 
@@ -117,6 +130,92 @@ def body_diff(old: str, new: str, old_name: str, new_name: str) -> tuple[str, ..
     return tuple(lines)
 
 
+def _node(index: UpstreamIndex, ref: SymbolRef) -> ast.AST | None:
+    found = _member(index, ref)
+    if found is not None:
+        return found.node
+    info = index.module(ref.module)
+    return info.functions.get(ref.qualname) if info else None
+
+
+@dataclass(frozen=True)
+class Rename:
+    """A removed module-level symbol and its successor in the same module."""
+
+    old: SymbolRef
+    new: SymbolRef
+    #: what changed besides the name, e.g. "3 new optional parameters: a, b, c"
+    change: str
+    where: Location
+
+
+#: how alike two definitions must be (difflib ratio of their lines, names aside) to call one the
+#: other's successor
+RENAME_SIMILARITY = 0.9
+
+
+def find_renames(lock: dict[str, Any], old: Side, new: Side) -> dict[str, Rename]:
+    """Removed module-level functions and classes of the lock whose successor is in the same module."""
+    renames = {}
+    for key, entry in lock.get("symbols", {}).items():
+        ref = SymbolRef.parse(key)
+        if entry.get("kind") not in ("function", "class") or "." in ref.qualname:
+            continue
+        if describe_symbol(new.index, ref)["kind"] != "missing":
+            continue
+        rename = _successor(ref, old, new)
+        if rename is not None:
+            renames[key] = rename
+    return renames
+
+
+def _definitions(info: Any) -> dict[str, ast.AST]:
+    return {**info.classes, **info.functions}
+
+
+def _successor(ref: SymbolRef, old: Side, new: Side) -> Rename | None:
+    """The most alike new definition of the same kind: a compatible signature and a body at least
+    half alike, or a near-identical body."""
+    before, after = old.index.module(ref.module), new.index.module(ref.module)
+    if before is None or after is None or ref.qualname not in _definitions(before):
+        return None
+    old_node = _definitions(before)[ref.qualname]
+    old_lines = ast.unparse(old_node).replace(ref.qualname, "_").splitlines()
+    best: tuple[float, Rename] | None = None
+    for name, node in sorted(_definitions(after).items()):
+        if name in _definitions(before) or type(node) is not type(old_node):
+            continue
+        change = None
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert isinstance(old_node, ast.FunctionDef | ast.AsyncFunctionDef)
+            change = _compatible_change(Signature.from_ast(old_node), Signature.from_ast(node))
+        matcher = difflib.SequenceMatcher(
+            None, old_lines, ast.unparse(node).replace(name, "_").splitlines(), autojunk=False
+        )
+        threshold = 0.5 if change is not None else RENAME_SIMILARITY
+        if matcher.real_quick_ratio() < threshold or matcher.quick_ratio() < threshold:
+            continue  # cheap upper bounds first: a module has many unrelated definitions
+        ratio = matcher.ratio()
+        if ratio < threshold:
+            continue
+        change = change or f"body {ratio:.0%} alike"
+        if best is None or ratio > best[0]:
+            where = Location(str(after.path), getattr(node, "lineno", 0))
+            best = (ratio, Rename(ref, SymbolRef(ref.module, name), change, where))
+    return best[1] if best else None
+
+
+def _compatible_change(old: Signature, new: Signature) -> str | None:
+    """How ``new`` differs from ``old`` if every old call still works with it, else None."""
+    changed = differences(old, new)
+    added = [d.param for d in changed if d.kind == "param_added" and d.ours and "=" in d.ours]
+    if len(added) != len(changed):
+        return None
+    if not added:
+        return "same signature"
+    return f"{len(added)} new optional parameter(s): {', '.join(str(a) for a in added)}"
+
+
 def _relocated(side: Side, ref: SymbolRef, old_entry: dict[str, Any]) -> tuple[Kind, str] | None:
     """Where a vanished symbol went: a same-named definition elsewhere, or a method with the same body."""
     owner, _, member = ref.qualname.partition(".")
@@ -163,29 +262,60 @@ def _severity_for_change(roles: set[str]) -> Severity:
     return Severity.INFO
 
 
-def extended_by_super(lock: dict[str, Any]) -> set[str]:
-    """Upstream methods every override of which calls ``super()``: their bodies still run in ours."""
-    calls: dict[str, bool] = {}
+def override_roles(lock: dict[str, Any]) -> dict[str, str]:
+    """How our overrides use each upstream method they override.
+
+    ``extended``: every override calls ``super()``, so upstream's body still runs inside ours;
+    ``replaced``: none does, so only the signature matters; ``override``: some do.
+    """
+    calls: dict[str, set[bool]] = {}
     for entry in lock.get("classes", {}).values():
         for member in entry.get("members", {}).values():
             if member["kind"] == "override" and "upstream" in member:
-                calls[member["upstream"]] = calls.get(member["upstream"], True) and bool(
-                    member.get("calls_super")
-                )
-    return {ref for ref, all_call in calls.items() if all_call}
+                calls.setdefault(member["upstream"], set()).add(bool(member.get("calls_super")))
+    named = {frozenset({True}): "extended", frozenset({False}): "replaced"}
+    return {ref: named.get(frozenset(seen), "override") for ref, seen in calls.items()}
 
 
-def symbol_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Finding]:
-    """Every recorded upstream symbol: removed, moved, renamed, signature and body changes."""
-    extended = extended_by_super(lock)
+def _contract_ids(lock: dict[str, Any]) -> dict[str, set[str]]:
+    """Relied-on upstream method -> the ids of the contracts overlays state on it."""
+    ids: dict[str, set[str]] = {}
+    for entry in lock.get("classes", {}).values():
+        for name, contracts in (entry.get("relies_on") or {}).items():
+            key = entry["inherited"].get(name)
+            if key is not None and isinstance(contracts, dict):
+                ids.setdefault(key, set()).update(contracts)
+    return ids
+
+
+def symbol_findings(
+    lock: dict[str, Any],
+    old: Side,
+    new: Side,
+    renames: dict[str, Rename] | None = None,
+    sites: dict[str, list[str]] | None = None,
+) -> Iterator[Finding]:
+    """Every recorded upstream symbol: removed, moved, renamed, signature and body changes.
+
+    ``renames`` (from :func:`find_renames`) turn a removal into one "renamed" finding that
+    carries the forked call sites collected in ``sites`` by :func:`fork_findings`.
+    """
+    overrides = override_roles(lock)
+    contracts = _contract_ids(lock)
     for key, entry in lock.get("symbols", {}).items():
         ref = SymbolRef.parse(key)
         roles = set(entry.get("roles", []))
-        if key in extended:
-            roles = (roles - {"override"}) | {"extended"}
+        if key in overrides:
+            roles = (roles - {"override"}) | {overrides[key]}
         users = ", ".join(entry.get("used_by", [])[:3])
+        rename = (renames or {}).get(key)
         try:
-            yield from _one_symbol(ref, entry, roles, users, old, new)
+            if rename is not None:
+                yield _renamed(rename, roles, users, old, (sites or {}).get(key, []))
+            else:
+                yield from _one_symbol(
+                    ref, entry, roles, users, old, new, sorted(contracts.get(key, ()))
+                )
         except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
             yield Finding(
                 Kind.DRIFT_UNANALYSED,
@@ -195,8 +325,37 @@ def symbol_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Find
             )
 
 
+def _renamed(rename: Rename, roles: set[str], users: str, old: Side, sites: list[str]) -> Finding:
+    severity = (
+        Severity.BLOCK if roles & (_BREAKING_ROLES | {"relied_on"}) else _severity_for_change(roles)
+    )
+    count = sum(not line.startswith(" ") for line in sites)
+    fix = (
+        f"; {count} forked call site(s) re-anchor as proposed in the details"
+        if sites
+        else f"; import {rename.new.qualname} where {rename.old.qualname} was used"
+    )
+    return Finding(
+        Kind.DRIFT_RENAMED,
+        severity,
+        str(rename.old),
+        f"renamed: {rename.old.qualname} -> {rename.new.qualname} ({rename.change}; used by {users}){fix}",
+        upstream=_location(old.index, rename.old),
+        target=rename.where,
+        old=str(rename.old),
+        new=str(rename.new),
+        details=tuple(sites),
+    )
+
+
 def _one_symbol(
-    ref: SymbolRef, entry: dict[str, Any], roles: set[str], users: str, old: Side, new: Side
+    ref: SymbolRef,
+    entry: dict[str, Any],
+    roles: set[str],
+    users: str,
+    old: Side,
+    new: Side,
+    contract_ids: list[str],
 ) -> Iterator[Finding]:
     key = str(ref)
     if entry.get("kind") == "external":
@@ -265,58 +424,57 @@ def _one_symbol(
         entry.get("body") or entry.get("value"),
         current.get("body") or current.get("value"),
     )
-    if old_body is None or old_body == new_body:
-        return
+    if old_body is None or old_body == new_body or "fork" in roles:
+        return  # forks are re-based edit by edit in fork_findings
     diff = body_diff(
         _source(old.index, ref),
         _source(new.index, ref),
         f"{key} ({old.version})",
         f"{key} ({new.version})",
     )
-    if "fork" in roles:
-        return  # forks are re-based edit by edit in fork_findings
+    inherited = bool(roles & {"relied_on", "inherited"})
+    overridden = bool(roles & {"override", "override_attr", "replaced", "extended"})
+    kind = Kind.DRIFT_INHERITED_BODY if inherited and not overridden else Kind.DRIFT_BODY
+    old_node, new_node = _node(old.index, ref), _node(new.index, ref)
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    if (
+        isinstance(old_node, functions)
+        and isinstance(new_node, functions)
+        and same_behaviour(old_node, new_node)
+    ):
+        message = "only formatting, comments, docstrings or bare annotations changed"
+        yield Finding(kind, Severity.INFO, key, f"{message} (used by {users})", before, after)
+        return
     if "override" in roles or "override_attr" in roles:
-        yield Finding(
-            Kind.DRIFT_BODY,
-            Severity.REVIEW,
-            key,
-            f"upstream changed the body our override replaces (used by {users}); check ours still fits",
-            upstream=before,
-            target=after,
-            details=diff,
-        )
+        severity = Severity.REVIEW
+        message = "upstream changed the body our override replaces; check ours still fits"
+    elif "replaced" in roles:
+        severity = Severity.INFO
+        message = "body changed; our overrides replace it and never call super(), so only its signature matters"
     elif "extended" in roles:
-        yield Finding(
-            Kind.DRIFT_BODY,
-            Severity.INFO,
-            key,
-            f"body changed; our overrides call super(), so the change reaches us (used by {users})",
-            upstream=before,
-            target=after,
-            details=diff,
-        )
-    elif roles & {"relied_on", "inherited"}:
-        severity = Severity.REVIEW if "relied_on" in roles else Severity.INFO
-        relied = "AFD relies on it" if "relied_on" in roles else "inherited, not marked relied_on"
-        yield Finding(
-            Kind.DRIFT_INHERITED_BODY,
-            severity,
-            key,
-            f"body changed ({relied}; used by {users})",
-            upstream=before,
-            target=after,
-            details=diff,
-        )
+        severity = Severity.INFO
+        message = "body changed; our overrides call super(), so the change reaches us"
+    elif "relied_on" in roles and contract_ids:
+        severity = Severity.INFO
+        message = f"body changed (AFD relies on it; its contracts {', '.join(contract_ids)} are evaluated separately, DRF070/DRF071 when broken)"
+    elif "relied_on" in roles:
+        severity = Severity.REVIEW
+        message = "body changed (AFD relies on it; no contract states how)"
+    elif inherited:
+        severity = Severity.INFO
+        message = "body changed (inherited, not relied on)"
     else:
-        yield Finding(
-            Kind.DRIFT_BODY,
-            Severity.INFO,
-            key,
-            f"body changed (used by {users})",
-            upstream=before,
-            target=after,
-            details=diff,
-        )
+        severity = Severity.INFO
+        message = "body changed"
+    yield Finding(
+        kind,
+        severity,
+        key,
+        f"{message} (used by {users})",
+        upstream=before,
+        target=after,
+        details=diff,
+    )
 
 
 def _signature_changes(
@@ -336,7 +494,7 @@ def _signature_changes(
         return
     callee = bool(
         roles & {"generated_import", "overlay_import", "runtime_import"}
-    ) and not roles & {"fork", "override"}
+    ) and not roles & {"fork", "override", "extended", "replaced"}
     for diff in changed:
         kind = Kind.DRIFT_CALLEE_SIGNATURE if callee else _SIGNATURE_KINDS[diff.kind]
         severity = Severity.REVIEW if callee else _severity_for_change(roles)
@@ -358,8 +516,14 @@ def fork_findings(
     overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
     old: Side,
     new: Side,
+    renames: dict[str, Rename] | None = None,
+    sites: dict[str, list[str]] | None = None,
 ) -> Iterator[Finding]:
-    """Re-apply every fork's edits to the new body: lost, ambiguous, conflicting or clean (3-way)."""
+    """Re-apply every fork's edits to the new body: lost, ambiguous, conflicting or clean (3-way).
+
+    An anchor lost only because a name it mentions was renamed is not reported here: the call
+    site and the re-anchored edit go into ``sites`` for the rename's finding.
+    """
     for class_key, entry in lock.get("classes", {}).items():
         base = SymbolRef.parse(entry["base"])
         for name, member in entry.get("members", {}).items():
@@ -383,7 +547,17 @@ def fork_findings(
                 continue
             edits = overlay_edits.get((class_key, name))
             try:
-                yield from _rebase(symbol, base, name, member, edits, old, new)
+                yield from _rebase(
+                    symbol,
+                    base,
+                    name,
+                    member,
+                    edits,
+                    old,
+                    new,
+                    renames or {},
+                    {} if sites is None else sites,
+                )
             except Exception as exc:
                 yield Finding(
                     Kind.DRIFT_UNANALYSED,
@@ -412,14 +586,15 @@ def _rebase(
     edits: tuple[Edit, ...] | None,
     old: Side,
     new: Side,
+    renames: dict[str, Rename],
+    sites: dict[str, list[str]],
 ) -> Iterator[Finding]:
     if edits is None:
         raise LookupError("the overlay no longer declares this fork; regenerate the lock first")
     target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
     if target is None or not target.is_method:
         return  # reported as a removed fork target by symbol_findings
-    first = min([target.line, *(d.lineno for d in getattr(target.node, "decorator_list", []))])
-    parsed = parse_method(target.source(), first)
+    parsed = parse_method(target.source(), target.first_line)
     where = Location(str(target.module.path), target.line)
     changed_regions = []
     for edit in edits:
@@ -441,6 +616,8 @@ def _rebase(
     try:
         apply_edits(parsed.function, edits)
     except EditError as exc:
+        if _re_anchored(symbol, edits, parsed, target, renames, sites):
+            return
         kind = Kind.DRIFT_ANCHOR_LOST if exc.found == 0 else Kind.DRIFT_ANCHOR_COUNT
         yield Finding(
             kind,
@@ -475,15 +652,204 @@ def _rebase(
             target=where,
             details=details,
         )
-    elif diff:
+    elif not diff:
+        return
+    elif old_target is not None and same_behaviour(old_target.node, target.node):
         yield Finding(
             Kind.DRIFT_REBASED,
             Severity.INFO,
             symbol,
-            "upstream changed the body outside our edits; they re-base cleanly",
+            "only formatting, comments, docstrings or bare annotations changed outside our edits",
             target=where,
             details=diff,
         )
+    else:
+        generated = _generated_diff(old_target, target, edits, old.version, new.version)
+        yield Finding(
+            Kind.DRIFT_REBASED,
+            Severity.REVIEW,
+            symbol,
+            "upstream changed the body outside our edits; they still apply and regeneration carries "
+            "the new code into ours: check it suits this role (upstream diff, then the generated diff)",
+            target=where,
+            details=(*diff, "", "generated method:", *generated),
+        )
+
+
+def _generated_diff(
+    old_target: Member | None,
+    target: Member,
+    edits: tuple[Edit, ...],
+    old_version: str,
+    new_version: str,
+) -> tuple[str, ...]:
+    """The fork's edited body against the old and the new upstream body, as a diff."""
+    bodies = []
+    for member in (old_target, target):
+        if member is None:
+            bodies.append("")
+            continue
+        function = apply_edits(parse_method(member.source(), member.first_line).function, edits)
+        bodies.append(cst.Module(body=[function]).code)
+    return body_diff(
+        bodies[0], bodies[1], f"generated ({old_version})", f"generated ({new_version})"
+    )
+
+
+def _re_anchored(
+    symbol: str,
+    edits: tuple[Edit, ...],
+    parsed: Any,
+    target: Member,
+    renames: dict[str, Rename],
+    sites: dict[str, list[str]],
+) -> bool:
+    """Whether the edits apply once renamed names are substituted; records the call sites."""
+    mentioned = [r for r in renames.values() if any(_mentions(e, r.old.qualname) for e in edits)]
+    if not mentioned:
+        return False
+    renamed = []
+    for edit in edits:
+        for rename in mentioned:
+            edit = _rename_in(edit, rename.old.qualname, rename.new.qualname)
+        renamed.append(edit)
+    try:
+        apply_edits(parsed.function, renamed)
+    except (EditError, PatternError):
+        return False
+    for before, after in zip(edits, renamed, strict=True):
+        if before == after:
+            continue
+        lines, matched = anchor_lines(parsed, parse_pattern(after.anchor))
+        for rename in mentioned:
+            if _mentions(before, rename.old.qualname):
+                at = ", ".join(f"{target.module.path}:{line}" for line in lines)
+                code = " | ".join(matched)
+                code = code if len(code) <= SITE_CODE_CHARS else code[:SITE_CODE_CHARS] + " ..."
+                sites.setdefault(str(rename.old), []).append(
+                    f"{symbol}#{before.id} at {at}: {code}"
+                )
+                sites[str(rename.old)].append(f"    proposed: {_edit_call(after)}")
+    return True
+
+
+def _mentions(edit: Edit, name: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", edit.anchor) is not None
+
+
+def _rename_in(edit: Edit, old: str, new: str) -> Edit:
+    pattern = re.compile(rf"\b{re.escape(old)}\b")
+    code = pattern.sub(new, edit.code) if edit.code is not None else None
+    return replace(edit, anchor=pattern.sub(new, edit.anchor), code=code)
+
+
+def _edit_call(edit: Edit) -> str:
+    """The edit as the overlay would declare it (``why`` left out: it is unchanged)."""
+    arguments = [repr(edit.anchor)] + ([repr(edit.code)] if edit.code is not None else [])
+    return f"{edit.action}({', '.join(arguments)}, id={edit.id!r}, ...)"
+
+
+def contract_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Finding]:
+    """Each contract of a relied-on method whose body changed, evaluated on the new body."""
+    relied_by: dict[tuple[str, str], list[str]] = {}
+    checks: dict[tuple[str, str], tuple[Member, Contract, dict[str, Any]]] = {}
+    for class_key, entry in lock.get("classes", {}).items():
+        base = SymbolRef.parse(entry["base"])
+        for name, contracts in (entry.get("relies_on") or {}).items():
+            key = entry["inherited"].get(name)
+            if key is None or not isinstance(contracts, dict):
+                continue  # a lock older than contracts states none
+            target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
+            if target is None or not target.is_method:
+                continue  # the removal is symbol_findings' to report
+            if target.fingerprint() == lock["symbols"].get(key, {}).get("body"):
+                continue
+            for contract_id, recorded in sorted(contracts.items()):
+                contract = Contract(
+                    recorded["pattern"], contract_id, recorded["if_broken"], recorded["count"]
+                )
+                checks[(key, contract_id)] = (target, contract, recorded)
+                relied_by.setdefault((key, contract_id), []).append(class_key.split(":")[-1])
+    for (key, contract_id), (target, contract, recorded) in sorted(checks.items()):
+        symbol = f"{key}#{contract_id}"
+        try:
+            (match,) = evaluate(target, [contract])
+        except PatternError as exc:
+            yield Finding(Kind.DRIFT_UNANALYSED, Severity.BLOCK, symbol, str(exc))
+            continue
+        found = len(match.lines)
+        if found == contract.count:
+            continue
+        where = Location(str(target.module.path), match.lines[0] if match.lines else target.line)
+        pinned_at = ", ".join(str(line) for line in recorded.get("lines", []))
+        details = (
+            f"contract: {contract.pattern.strip()}",
+            f"held in {old.version} at line(s) {pinned_at}: {' | '.join(recorded.get('matched', []))}",
+            *body_diff(
+                _source(old.index, SymbolRef.parse(key)),
+                target.source(),
+                f"{key} ({old.version})",
+                f"{target.ref} ({new.version})",
+            ),
+        )
+        users = ", ".join(relied_by[(key, contract_id)])
+        if found == 0:
+            yield Finding(
+                Kind.DRIFT_CONTRACT_BROKEN,
+                Severity.BLOCK,
+                symbol,
+                f"contract {contract_id!r} no longer holds in {new.version} (relied on by {users}): {contract.if_broken}",
+                upstream=_location(old.index, SymbolRef.parse(key)),
+                target=where,
+                old=str(contract.count),
+                new="0",
+                details=details,
+            )
+        else:
+            yield Finding(
+                Kind.DRIFT_CONTRACT_COUNT,
+                Severity.REVIEW,
+                symbol,
+                f"contract {contract_id!r} now holds in {found} place(s), declared {contract.count} "
+                f"(relied on by {users}); check each still means what AFD relies on",
+                upstream=_location(old.index, SymbolRef.parse(key)),
+                target=where,
+                old=str(contract.count),
+                new=str(found),
+                details=details,
+            )
+
+
+def compare(
+    lock: dict[str, Any],
+    overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
+    old: Side,
+    new: Side,
+    *,
+    files: set[str] | None = None,
+) -> list[Finding]:
+    """Every lock-based drift finding between two upstream trees (symbols, forks, contracts).
+
+    ``files``: only symbols defined in these upstream files (paths as the lock records them).
+    """
+    if files is not None:
+        lock = _restricted(lock, files)
+    renames = find_renames(lock, old, new)
+    sites: dict[str, list[str]] = {}
+    forks = list(fork_findings(lock, overlay_edits, old, new, renames, sites))
+    findings = list(symbol_findings(lock, old, new, renames, sites))
+    return findings + forks + list(contract_findings(lock, old, new))
+
+
+def _restricted(lock: dict[str, Any], files: set[str]) -> dict[str, Any]:
+    """The lock cut down to the symbols (and classes whose base) defined in ``files``."""
+    symbols = {k: v for k, v in lock.get("symbols", {}).items() if v.get("file") in files}
+    classes = {
+        k: v
+        for k, v in lock.get("classes", {}).items()
+        if lock.get("symbols", {}).get(v["base"], {}).get("file") in files
+    }
+    return {**lock, "symbols": symbols, "classes": classes}
 
 
 def _registry_table(index: UpstreamIndex) -> dict[str, tuple[str, str]]:

@@ -24,14 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codegen.drift import (
-    Side,
-    fork_findings,
-    native_architectures,
-    registry_findings,
-    symbol_findings,
-)
-from codegen.findings import EXIT_BLOCK, Finding, Severity, exit_code, summary
+from codegen.drift import Side, compare, native_architectures, registry_findings
+from codegen.findings import EXIT_BLOCK, Finding, Kind, Severity, exit_code, summary
 from codegen.generate import LOCK_PATH, PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import read_lock
@@ -100,8 +94,7 @@ def run_drift(
         }
     if lock is not None:
         old, new = Side(old_version, old_index), Side(new_version, new_index)
-        findings.extend(symbol_findings(lock, old, new))
-        findings.extend(fork_findings(lock, edits, old, new))
+        findings.extend(compare(lock, edits, old, new))
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
     origins = {"from": old_context.sources["vllm"].origin, "to": new_context.sources["vllm"].origin}
     return DriftRun(
@@ -194,7 +187,23 @@ def work_list(findings: list[Finding]) -> list[str]:
             f"- [ ] **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}"
             + (f" (`{where}`)" if where else "")
         )
+        if finding.kind is Kind.DRIFT_RENAMED:  # the call sites and their re-anchored edits
+            items.extend(f"    - `{line.strip()}`" for line in finding.details)
     return items
+
+
+def uncovered(regeneration: list[Finding], drift: list[Finding]) -> list[Finding]:
+    """Dry-run regeneration findings that no drift finding already explains: a lost anchor the
+    rename or anchor finding names, a contract the broken-contract finding names."""
+    covered = {f.symbol for f in drift}
+    covered |= {line.split(" at ", 1)[0] for f in drift for line in f.details}
+    contracts = {f.symbol.rsplit(":", 1)[-1].split(".", 1)[-1] for f in drift}
+    return [
+        f
+        for f in regeneration
+        if f.symbol not in covered
+        and f.symbol.rsplit(":", 1)[-1].split(".", 1)[-1] not in contracts
+    ]
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -235,7 +244,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "## Work list",
         "",
         *(
-            work_list(run.findings + dry.findings)
+            work_list(run.findings + uncovered(dry.findings, run.findings))
             or ["Nothing to do by hand: re-pin and regenerate (`--apply`)."]
         ),
         "",

@@ -51,6 +51,10 @@ class Kind(enum.Enum):
     ANCHOR_INVALID = "ANC001"
     ANCHOR_LOST = "ANC002"
     ANCHOR_COUNT = "ANC003"
+    # contracts of relied-on inherited methods
+    CONTRACT_INVALID = "CTR001"
+    CONTRACT_BROKEN = "CTR002"
+    CONTRACT_COUNT = "CTR003"
     # lock and generated files
     LOCK_MISSING = "LCK001"
     LOCK_DIFFERS = "LCK002"
@@ -70,6 +74,7 @@ class Kind(enum.Enum):
     PATCH_SETATTR = "MP002"
     PATCH_SYS_MODULES = "MP003"
     PATCH_MOCK = "MP004"
+    PATCH_IMPORT_SYSTEM = "MP005"
     # upstream source
     UPSTREAM_MISSING = "UPS001"
     UPSTREAM_HASH = "UPS002"
@@ -98,6 +103,8 @@ class Kind(enum.Enum):
     DRIFT_BASES = "DRF041"
     DRIFT_MRO = "DRF042"
     DRIFT_REGISTRY = "DRF050"
+    DRIFT_CONTRACT_BROKEN = "DRF070"
+    DRIFT_CONTRACT_COUNT = "DRF071"
     DRIFT_UNANALYSED = "DRF060"
     # the tool itself
     INTERNAL_ERROR = "TOOL001"
@@ -133,6 +140,9 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.ANCHOR_INVALID: "an anchor pattern or edit code does not parse",
     Kind.ANCHOR_LOST: "an anchor matches nothing",
     Kind.ANCHOR_COUNT: "an anchor matches a different number of times than declared",
+    Kind.CONTRACT_INVALID: "a contract's pattern does not parse",
+    Kind.CONTRACT_BROKEN: "a contract does not hold in the pinned upstream body",
+    Kind.CONTRACT_COUNT: "a contract matches a different number of times than declared",
     Kind.LOCK_MISSING: "the lock file is missing",
     Kind.LOCK_DIFFERS: "the lock differs from a regeneration",
     Kind.GENERATED_MISSING: "generated code is missing",
@@ -141,18 +151,19 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.RUNTIME_IMPORT: "a generated or upstream symbol does not import",
     Kind.RUNTIME_SIGNATURE: "the runtime signature differs from upstream",
     Kind.RUNTIME_SHADOWS: "an extend name exists on the live upstream class",
-    Kind.RUNTIME_REPLACED: "a forked method is replaced at runtime by code from another package",
+    Kind.RUNTIME_REPLACED: "a forked or relied-on method, or an imported name, is replaced at runtime by code from another package",
     Kind.PATH_IMPORT: "a dotted class path does not import",
     Kind.PATH_BASE: "a dotted class path does not derive from its claimed upstream base",
     Kind.PATCH_ATTRIBUTE: "an attribute of an upstream module or class is assigned",
     Kind.PATCH_SETATTR: "setattr is called on an upstream module or class",
     Kind.PATCH_SYS_MODULES: "sys.modules is rebound",
     Kind.PATCH_MOCK: "a mock patch targets an upstream module or class",
+    Kind.PATCH_IMPORT_SYSTEM: "an import hook is installed or a builtin replaced",
     Kind.UPSTREAM_MISSING: "the pinned upstream source is not available",
     Kind.UPSTREAM_HASH: "an upstream file does not match its pinned hash",
     Kind.DRIFT_REMOVED: "an upstream symbol was removed",
     Kind.DRIFT_MOVED: "an upstream symbol moved to another module",
-    Kind.DRIFT_RENAMED: "an upstream method was renamed",
+    Kind.DRIFT_RENAMED: "an upstream symbol was renamed (its successor named, call sites re-anchored)",
     Kind.DRIFT_KIND: "an upstream symbol changed kind",
     Kind.DRIFT_PARAM_ADDED: "an upstream signature gained a parameter",
     Kind.DRIFT_PARAM_REMOVED: "an upstream signature lost a parameter",
@@ -174,6 +185,8 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.DRIFT_BASES: "an upstream class changed its bases",
     Kind.DRIFT_MRO: "the MRO of an overlaid class changed",
     Kind.DRIFT_REGISTRY: "an architecture AFD registers changed in vLLM's model registry",
+    Kind.DRIFT_CONTRACT_BROKEN: "the new body breaks a contract AFD relies on",
+    Kind.DRIFT_CONTRACT_COUNT: "a contract still holds, but in a different number of places",
     Kind.DRIFT_UNANALYSED: "a symbol could not be analysed",
     Kind.INTERNAL_ERROR: "the tool failed",
 }

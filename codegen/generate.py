@@ -16,11 +16,14 @@ from typing import Any
 import libcst as cst
 
 from codegen.checks.signatures import check_signature
+from codegen.contracts import evaluate
 from codegen.edit import EditError, SuperRewriter, anchor_lines, apply_edits, parse_method
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member, UpstreamIndex
+from codegen.markers import Contract
 from codegen.model import (
     AnchorMatch,
+    ContractMatch,
     GeneratedClass,
     GeneratedMember,
     MemberDecl,
@@ -72,6 +75,7 @@ GENERATOR_MODULES = (
     "overlay.py",
     "index.py",
     "pattern.py",
+    "contracts.py",
     "edit.py",
     "names.py",
     "generate.py",
@@ -231,17 +235,23 @@ def _build_class(
             members.append(member)
     declared = {d.name for d in overlay_class.members}
     inherited = {n: m.ref for n, m in sorted(visible.items()) if m.is_method and n not in declared}
-    for relied in overlay_class.relies_on:
+    contracts = {}
+    for relied, declared_contracts in overlay_class.relies_on.items():
+        symbol = f"{overlay.generated_module}:{name}.{relied}"
         if relied not in inherited:
             findings.append(
                 Finding(
                     Kind.OVERLAY_INVALID,
                     Severity.BLOCK,
-                    f"{overlay.generated_module}:{name}",
+                    symbol,
                     f"relies_on names {relied!r}, which is not an inherited upstream method of {base}",
                     where,
                 )
             )
+            continue
+        matches = _contracts(visible[relied], declared_contracts, symbol, where, findings)
+        if matches is not None:
+            contracts[relied] = matches
     return GeneratedClass(
         name=name,
         module=overlay.generated_module,
@@ -250,7 +260,43 @@ def _build_class(
         overlay_path=overlay.path,
         members=tuple(members),
         inherited=inherited,
+        contracts=contracts,
     )
+
+
+def _contracts(
+    upstream: Member,
+    declared: tuple[Contract, ...],
+    symbol: str,
+    where: Location,
+    findings: list[Finding],
+) -> tuple[ContractMatch, ...] | None:
+    """Each contract must match the pinned body exactly ``count`` times."""
+    upstream_at = Location(str(upstream.module.path), upstream.line)
+    try:
+        matches = evaluate(upstream, declared)
+    except PatternError as exc:
+        findings.append(
+            Finding(Kind.CONTRACT_INVALID, Severity.BLOCK, symbol, str(exc), where, upstream_at)
+        )
+        return None
+    for match in matches:
+        found, wanted = len(match.lines), match.contract.count
+        if found != wanted:
+            findings.append(
+                Finding(
+                    Kind.CONTRACT_BROKEN if found == 0 else Kind.CONTRACT_COUNT,
+                    Severity.BLOCK,
+                    f"{symbol}#{match.contract.id}",
+                    f"contract {' '.join(match.contract.pattern.split())!r} matches {found} place(s) in {upstream.ref}, "
+                    f"declared {wanted}; fix the pattern or the count (a contract that never holds checks nothing)",
+                    where,
+                    upstream_at,
+                    old=str(wanted),
+                    new=str(found),
+                )
+            )
+    return matches
 
 
 def _build_member(
@@ -353,10 +399,7 @@ def _fork(
     namespace: ModuleNamespace,
     findings: list[Finding],
 ) -> GeneratedMember | None:
-    first_line = min(
-        [upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))]
-    )
-    parsed = parse_method(upstream.source(), first_line)
+    parsed = parse_method(upstream.source(), upstream.first_line)
     anchors: list[AnchorMatch] = []
     for edit in decl.edits:
         try:

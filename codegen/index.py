@@ -10,6 +10,7 @@ indexed packages (``torch.nn.Module``) are opaque leaves.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 from dataclasses import dataclass, field
@@ -37,6 +38,43 @@ def body_fingerprint(node: ast.AST) -> str:
     body = getattr(node, "body", [])
     dumped = ast.dump(ast.Module(body=body, type_ignores=[]), include_attributes=False)
     return hashlib.sha256(dumped.encode()).hexdigest()
+
+
+class _StripCosmetics(ast.NodeTransformer):
+    """Drops docstrings and bare annotations (``x: T``, never evaluated in a function) from every
+    statement list."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for field_name in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field_name, None)
+            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
+                kept = [
+                    s
+                    for i, s in enumerate(statements)
+                    if not (isinstance(s, ast.AnnAssign) and s.value is None)
+                    and not (i == 0 and _is_docstring(s))
+                ]
+                setattr(node, field_name, kept or [ast.Pass()])
+        return node
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+def same_behaviour(old: ast.AST, new: ast.AST) -> bool:
+    """Whether two function nodes differ only cosmetically: formatting, comments, docstrings and
+    bare annotations. Anything else, a renamed local included, counts as a change."""
+    bodies = []
+    for node in (old, new):
+        module = ast.Module(body=copy.deepcopy(getattr(node, "body", [])), type_ignores=[])
+        bodies.append(ast.dump(_StripCosmetics().visit(module), include_attributes=False))
+    return bodies[0] == bodies[1]
 
 
 @dataclass
@@ -85,6 +123,12 @@ class Member:
     def line(self) -> int:
         return getattr(self.node, "lineno", 0)
 
+    @property
+    def first_line(self) -> int:
+        """The first line of its source: the first decorator's, or the ``def`` line."""
+        decorators: list[ast.expr] = getattr(self.node, "decorator_list", [])
+        return min([self.line, *(d.lineno for d in decorators)])
+
     def signature(self, skip_decorators: frozenset[str] = frozenset()) -> Signature:
         assert isinstance(self.node, ast.FunctionDef | ast.AsyncFunctionDef)
         return Signature.from_ast(self.node, skip_decorators)
@@ -96,9 +140,7 @@ class Member:
 
     def source(self) -> str:
         """The member's source lines (decorators included), with their original indentation."""
-        node = self.node
-        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])  # type: ignore[attr-defined]
-        return "".join(self.module.lines[first - 1 : node.end_lineno])  # type: ignore[attr-defined]
+        return "".join(self.module.lines[self.first_line - 1 : self.node.end_lineno])  # type: ignore[attr-defined]
 
 
 class UpstreamIndex:

@@ -21,7 +21,7 @@ from codegen.generate import Generation
 from codegen.index import Member, UpstreamIndex, body_fingerprint
 from codegen.model import MemberKind, Signature, SymbolRef
 
-LOCK_FORMAT = 1
+LOCK_FORMAT = 2
 
 
 def describe_symbol(index: UpstreamIndex, ref: SymbolRef) -> dict[str, Any]:
@@ -163,7 +163,19 @@ def build_lock(
             "overlay": f"{generated.overlay_path.as_posix()}:{generated.overlay.line}",
             "members": members,
             "inherited": {name: str(ref) for name, ref in generated.inherited.items()},
-            "relies_on": sorted(generated.overlay.relies_on),
+            "relies_on": {
+                name: {
+                    m.contract.id: {
+                        "pattern": m.contract.pattern,
+                        "count": m.contract.count,
+                        "if_broken": m.contract.if_broken,
+                        "lines": list(m.lines),
+                        "matched": list(m.matched),
+                    }
+                    for m in matches
+                }
+                for name, matches in sorted(generated.contracts.items())
+            },
         }
     for module, namespace in generation.namespaces.items():
         for name, ref in namespace.overlay.items():

@@ -22,7 +22,7 @@ Example (see docs/overlay.md for the whole format)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -86,6 +86,25 @@ class Delta:
         return self.base is None or self.base in (base, base.rsplit(":", 1)[-1])
 
 
+@dataclass(frozen=True)
+class Contract:
+    """A structural fact about an inherited upstream method that AFD depends on.
+
+    It is checked against the pinned body at generation (it must match exactly ``count`` times)
+    and against every new body by ``codegen drift``: a body change that keeps every contract is
+    only info, a broken contract blocks and says what AFD would do wrong.
+    """
+
+    #: upstream code that must be present, in the anchor pattern language (``...``, ``$X``, ``$...X``)
+    pattern: str
+    #: stable name, unique in its method
+    id: str
+    #: one sentence: what AFD would do wrong if upstream no longer did this
+    if_broken: str
+    #: how many places the pattern matches in the pinned body
+    count: int = 1
+
+
 def replace(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
     """Replace each match of ``anchor`` with ``code``."""
     return Edit("replace", anchor, code, id, why, count)
@@ -126,8 +145,16 @@ def delta(
     return Delta(kind, param, upstream, ours, why, base)
 
 
+def contract(pattern: str, *, id: str, if_broken: str, count: int = 1) -> Contract:
+    """Declare what AFD relies on in an inherited method (an argument of ``relies_on``)."""
+    return Contract(pattern, id, if_broken, count)
+
+
 def subclass(
-    *, bases: tuple[str, ...] = (), name: str | None = None, relies_on: tuple[str, ...] = ()
+    *,
+    bases: tuple[str, ...] = (),
+    name: str | None = None,
+    relies_on: Mapping[str, tuple[Contract, ...]] | None = None,
 ) -> Callable[[type[T]], type[T]]:
     """Declare a plugin-owned subclass of one or more upstream classes.
 
@@ -136,8 +163,8 @@ def subclass(
             imports, or ``"module:Class"``. Empty: the class statement's own base.
         name: generated class name; ``{base}`` is replaced by each base's name. Default: the
             overlay class name (one base only).
-        relies_on: inherited upstream methods whose behaviour AFD depends on; a change to their
-            bodies is a review finding in drift reports.
+        relies_on: inherited upstream methods whose behaviour AFD depends on, each with the
+            contracts (``contract(...)``) that say what exactly; drift checks them on every bump.
     """
     del bases, name, relies_on
 

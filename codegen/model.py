@@ -9,7 +9,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from codegen.markers import Delta, Edit
+from codegen.markers import Contract, Delta, Edit
 
 
 @dataclass(frozen=True, order=True)
@@ -198,8 +198,8 @@ class OverlayClass:
     bases: tuple[SymbolRef, ...]
     #: generated class name; ``{base}`` is each base's name
     name_template: str
-    #: inherited upstream methods AFD's behaviour depends on
-    relies_on: tuple[str, ...]
+    #: inherited upstream methods AFD's behaviour depends on, with the contracts that say how
+    relies_on: dict[str, tuple[Contract, ...]]
     members: tuple[MemberDecl, ...]
     #: class decorators other than the marker (copied onto generated classes)
     decorators: tuple[cst.Decorator, ...]
@@ -250,6 +250,17 @@ class AnchorMatch:
 
 
 @dataclass(frozen=True)
+class ContractMatch:
+    """Where one contract of a relied-on method matched in the pinned upstream body."""
+
+    contract: Contract
+    #: upstream lines (1-based) of each match, in order
+    lines: tuple[int, ...]
+    #: normalized code of each match
+    matched: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class GeneratedMember:
     """A member of a generated class, with what it came from."""
 
@@ -276,6 +287,8 @@ class GeneratedClass:
     members: tuple[GeneratedMember, ...]
     #: upstream methods the class inherits unchanged: name -> defining upstream symbol
     inherited: dict[str, SymbolRef] = field(default_factory=dict)
+    #: relied-on inherited methods: name -> where each contract matched in the pinned body
+    contracts: dict[str, tuple[ContractMatch, ...]] = field(default_factory=dict)
 
     @property
     def ref(self) -> SymbolRef:

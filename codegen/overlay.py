@@ -142,6 +142,7 @@ class _Reader:
                         "subclass",
                         *markers.ACTIONS,
                         "delta",
+                        "contract",
                     }:
                         self.problem(node.lineno, f"{alias.name!r} is not a codegen marker")
                     self.marker_names[alias.asname or alias.name] = alias.name
@@ -243,12 +244,46 @@ class _Reader:
             name=node.name,
             bases=bases,
             name_template=template,
-            relies_on=tuple(spec.get("relies_on") or ()),
+            relies_on=self._relies_on(node, spec.get("relies_on")),
             members=tuple(members),
             decorators=tuple(kept),
             docstring=ast.get_docstring(node),
             line=node.lineno,
         )
+
+    def _relies_on(self, node: ast.ClassDef, value: Any) -> dict[str, tuple[markers.Contract, ...]]:
+        """``{"method": (contract(...), ...)}``: every relied-on method states its contracts."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.problem(
+                node.lineno,
+                f"class {node.name}: relies_on must map each inherited method to its contracts, "
+                f'e.g. {{"forward": (contract(...),)}}; got {type(value).__name__}',
+            )
+            return {}
+        result: dict[str, tuple[markers.Contract, ...]] = {}
+        for method, contracts in value.items():
+            where = f"class {node.name}: relies_on[{method!r}]"
+            if not isinstance(contracts, tuple) or not contracts:
+                self.problem(
+                    node.lineno, f"{where} needs a non-empty tuple of contract(...) declarations"
+                )
+                continue
+            if not all(isinstance(c, markers.Contract) for c in contracts):
+                self.problem(node.lineno, f"{where} holds something other than contract(...)")
+                continue
+            ids = [c.id for c in contracts]
+            if len(set(ids)) != len(ids):
+                self.problem(node.lineno, f"{where}: contract ids must be unique, got {ids}")
+            for c in contracts:
+                if c.count < 1 or not c.if_broken.strip() or not c.id.strip():
+                    self.problem(
+                        node.lineno,
+                        f"{where}: contract {c.id!r} needs an id, count >= 1 and an if_broken sentence",
+                    )
+            result[str(method)] = contracts
+        return result
 
     def _base_ref(self, name: str) -> SymbolRef:
         if ":" in name:

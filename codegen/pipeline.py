@@ -7,10 +7,12 @@ import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from codegen.drift import Side, compare
+from codegen.drift_cli import committed_edits
 from codegen.emit import package_files, render_module, render_registry
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import (
@@ -23,9 +25,10 @@ from codegen.generate import (
     overlay_hashes,
     upstream_files,
 )
-from codegen.index import UpstreamIndex
+from codegen.index import UpstreamIndex, sha256_text
 from codegen.lock import build_lock, read_lock, render_lock, sha256_of
-from codegen.sources import Pin, UpstreamSource, load_pins, locate
+from codegen.overlay import OverlayError
+from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
 
 REGISTRY_PATH = GENERATED_ROOT / "__init__.py"
 
@@ -86,34 +89,95 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
     generation.lock = build_lock(
         generation, index, versions, upstream, sha256_of(generation.files.items())
     )
-    _check_pinned_hashes(context, generation)
+    generation.findings.extend(pinned_hash_findings(context, index))
     return generation, index
 
 
-def _check_pinned_hashes(context: Context, generation: Generation) -> None:
-    """An upstream file whose content differs from the lock at the *same* version is suspicious."""
+def pinned_hash_findings(context: Context, index: UpstreamIndex) -> list[Finding]:
+    """Upstream files that differ from the lock at the *same* version (UPS002), and what changed.
+
+    A local patch or a post-release is compared with the pristine pinned release from the download
+    cache, symbol by symbol, with drift's classification: each recorded symbol of a differing file
+    that changed is a DRF finding. ``index`` indexes ``context.sources``.
+    """
     lock = read_lock(context.repo_root / LOCK_PATH)
     if lock is None:
-        return
+        return []
+    findings: list[Finding] = []
     for package, entry in lock.get("upstream", {}).items():
-        current = generation.lock["upstream"].get(package)
-        if current is None or current["version"] != entry.get("version"):
+        source = context.sources.get(package)
+        if source is None or source.version != entry.get("version"):
             continue
-        for path, sha in entry.get("files", {}).items():
-            now = current["files"].get(path)
-            if now is not None and now != sha:
-                generation.findings.append(
-                    Finding(
-                        Kind.UPSTREAM_HASH,
-                        Severity.BLOCK,
-                        path,
-                        f"{package} {entry['version']} file differs from the pinned hash "
-                        f"({context.sources[package].origin}); is this really the pinned release?",
-                        upstream=Location(path),
-                        old=sha,
-                        new=now,
-                    )
-                )
+        changed = {
+            path: (sha, now)
+            for path, sha in entry.get("files", {}).items()
+            if (now := _file_sha(source.root / path)) is not None and now != sha
+        }
+        if changed:
+            findings.extend(_changed_files(context, index, lock, package, changed))
+    return findings
+
+
+def _file_sha(path: Path) -> str | None:
+    """sha256 of a source file as the index (and so the lock) computes it; None if absent."""
+    return sha256_text(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _changed_files(
+    context: Context,
+    index: UpstreamIndex,
+    lock: dict[str, Any],
+    package: str,
+    changed: dict[str, tuple[str, str]],
+) -> list[Finding]:
+    """One UPS002 per changed file, naming how many recorded symbols changed, and their findings."""
+    source = context.sources[package]
+    try:
+        pinned = locate(context.pins[package], source.version, use_installed=False, quiet=True)
+    except SourceError as exc:
+        note = f"the pinned release is not available to compare symbols with ({exc})"
+        return [_hash_finding(source, path, shas, note) for path, shas in sorted(changed.items())]
+    old = Side(
+        f"{source.version} (pinned release)", UpstreamIndex({**context.sources, package: pinned})
+    )
+    new = Side(f"{source.version} (checked tree)", index)
+    try:
+        edits = committed_edits(context.repo_root)
+    except OverlayError:  # reported as OVL001; compare() then reports each fork as DRF060
+        edits = {}
+    prefix = f"the checked tree vs the pinned release {source.version}: "
+    findings = []
+    for path, shas in sorted(changed.items()):
+        if _file_sha(pinned.root / path) != shas[0]:
+            note = f"the pinned release found ({pinned.origin}) does not match the lock either"
+            findings.append(_hash_finding(source, path, shas, note))
+            continue
+        drift = [
+            replace(f, message=prefix + f.message)
+            for f in compare(lock, edits, old, new, files={path})
+        ]
+        if drift:
+            codes = ", ".join(sorted({f.code for f in drift}))
+            note = f"{len({f.symbol for f in drift})} recorded symbol(s) changed: see the {codes} findings"
+        else:
+            note = "no recorded symbol changed (only code AFD does not use)"
+        findings.append(_hash_finding(source, path, shas, note))
+        findings.extend(drift)
+    return findings
+
+
+def _hash_finding(source: UpstreamSource, path: str, shas: tuple[str, str], note: str) -> Finding:
+    pinned, now = shas
+    return Finding(
+        Kind.UPSTREAM_HASH,
+        Severity.BLOCK,
+        path,
+        f"{source.package} {source.version} file differs from the pinned hash ({source.origin}); "
+        f"is this really the pinned release? {note}",
+        upstream=Location(path),
+        old=pinned,
+        new=now,
+    )
 
 
 # --------------------------------------------------------------------------- writing

@@ -1,8 +1,10 @@
-"""Checks that import vLLM: runtime signature parity, extend shadowing on live classes, dotted paths.
+"""Checks that import vLLM: runtime signature parity, extend shadowing on live classes, dotted paths,
+and upstream code a platform plugin replaced.
 
 Static checks compare source text; these compare what Python actually builds, so they also catch
-decorator effects, re-exports that resolve to a different object, and members of non-indexed
-bases (``torch.nn.Module``) that an ``@extend`` would shadow.
+decorator effects, re-exports that resolve to a different object, members of non-indexed
+bases (``torch.nn.Module``) that an ``@extend`` would shadow, and upstream methods and names that
+a platform plugin (vLLM-Ascend) replaced at run time (``RT005``).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import importlib
 import inspect
 import re
 import sys
+import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.model import GeneratedClass, MemberKind, SymbolRef
@@ -22,6 +25,65 @@ from codegen.model import GeneratedClass, MemberKind, SymbolRef
 #: documents scanned for dotted paths of our classes
 DOC_GLOBS = ("README.md", "docs/**/*.md")
 _DOTTED = re.compile(r"\bafd_models(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
+#: the patch packages of a platform plugin, in the order vLLM-Ascend imports them at run time
+PATCH_MODULES = ("patch.platform", "patch.worker")
+#: lock roles of the upstream names our code imports: the overlay, the generated code, the runtime
+IMPORT_ROLES = frozenset({"overlay_import", "generated_import", "runtime_import"})
+
+
+class Platform(Protocol):
+    """What :func:`platform_package` needs of vLLM's ``current_platform``."""
+
+    def is_out_of_tree(self) -> bool: ...
+
+
+def platform_package(platform: Platform) -> str | None:
+    """The top-level package of an out-of-tree platform (``vllm_ascend`` on an NPU host), else None."""
+    if not platform.is_out_of_tree():
+        return None
+    return type(platform).__module__.partition(".")[0]
+
+
+def apply_platform_patches(package: str) -> tuple[str, ...]:
+    """Import a platform plugin's patch packages, as the plugin itself does at run time.
+
+    vLLM-Ascend 0.26.0rc1 keeps its patches of vLLM in two packages whose ``__init__`` imports
+    one module per patch; each module assigns its replacement to vLLM's attribute when imported
+    (``vllm_ascend/patch/worker/patch_deepseek_v2.py:357``: ``DeepseekV2Model.forward =
+    _patched_forward``). ``vllm_ascend.utils.adapt_patch`` (``vllm_ascend/utils.py:533``) imports
+    ``vllm_ascend.patch.platform`` when ``is_global_patch`` is true, ``vllm_ascend.patch.worker``
+    otherwise, and is called:
+
+    * with ``is_global_patch=True`` by ``NPUPlatform.pre_register_and_update``
+      (``vllm_ascend/platform.py:183-187``), which vLLM calls while building the engine config and
+      its CLI parser (``vllm/engine/arg_utils.py:1857``, ``:2745``), and by the general plugins
+      ``register_connector``, ``register_model_loader`` and ``register_service_profiling``
+      through ``_ensure_global_patch`` (``vllm_ascend/__init__.py:21-34``), so
+      ``load_general_plugins()`` already applies the platform patches;
+    * with ``is_global_patch=False`` by ``NPUWorker.__init__`` (``vllm_ascend/worker/worker.py:116-119``),
+      that is only in worker processes, which is where the model classes run. Loading the general
+      plugins does not apply these.
+
+    This imports the same modules, in the same order; the patches are the plugin's own code. A
+    package without a patch package is skipped; a patch module that fails to import raises.
+
+    Parameters:
+        package: the plugin's top-level package, e.g. ``vllm_ascend`` (see :func:`platform_package`).
+
+    Returns:
+        The patch packages imported.
+    """
+    applied: list[str] = []
+    for name in PATCH_MODULES:
+        module = f"{package}.{name}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not f"{module}.".startswith(f"{exc.name}."):
+                raise  # something the patch module imports is missing: not ours to hide
+            continue  # this plugin has no such patch package
+        applied.append(module)
+    return tuple(applied)
 
 
 def load(ref: SymbolRef) -> Any:
@@ -60,7 +122,9 @@ def _failure(kind: Kind, symbol: str, exc: BaseException, where: Location | None
 
 
 def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
-    """Each generated class against its live upstream base."""
+    """Each generated class against its live upstream base: the class derives from it, overrides and
+    forks keep its live signatures, extends shadow none of its members, and neither a forked method
+    nor an inherited one the overlay relies on is code from another package (``RT005``)."""
     for generated in classes:
         symbol = str(generated.ref)
         where = Location(str(generated.overlay_path), generated.overlay.line)
@@ -93,12 +157,14 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                     )
                 continue
             if member.decl.kind is MemberKind.FORK and (origin := foreign_code(base, name)):
-                yield Finding(
-                    Kind.RUNTIME_REPLACED,
-                    Severity.BLOCK,
+                forked = (
+                    member.upstream.qualname if member.upstream else f"{base.__qualname__}.{name}"
+                )
+                yield _replaced(
                     f"{symbol}.{name}",
-                    f"forks {name!r}, but the live one on {base.__module__}.{base.__qualname__} "
-                    f"is code from {origin}, not from the source the fork was made from",
+                    f"forked {forked}",
+                    origin,
+                    "AFD's fork was made from vLLM's body and drops this patch",
                     member_at,
                 )
             if not member.decl.kind.is_method or any(
@@ -116,25 +182,120 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                     old=str(theirs),
                     new=str(ours),
                 )
+        for name in sorted(set(generated.overlay.relies_on) & set(generated.inherited)):
+            if origin := foreign_code(base, name):
+                yield _replaced(
+                    f"{symbol}.{name}",
+                    f"relied-on {generated.inherited[name].qualname}",
+                    origin,
+                    "AFD's contract was checked against vLLM's body, not this one",
+                    where,
+                )
+
+
+def check_imports(symbols: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+    """Upstream names our code imports whose live object is code from another package.
+
+    Parameters:
+        symbols: the lock's ``symbols`` (``module:name`` -> entry with ``roles`` and ``used_by``);
+            those with an :data:`IMPORT_ROLES` role are checked.
+    """
+    for key, entry in sorted(symbols.items()):
+        if not IMPORT_ROLES.intersection(entry.get("roles", ())):
+            continue
+        ref = SymbolRef.parse(key)
+        try:
+            obj = load(ref)
+        except Exception as exc:
+            yield _failure(Kind.RUNTIME_IMPORT, key, exc, None)
+            continue
+        if origin := foreign_object(obj, ref.module):
+            users = ", ".join(entry.get("used_by", ())) or "?"
+            yield _replaced(
+                key,
+                f"imported {ref.qualname}",
+                origin,
+                f"AFD ({users}) was checked against vLLM's definition, not this one",
+                None,
+            )
+
+
+def _replaced(symbol: str, what: str, origin: str, missed: str, where: Location | None) -> Finding:
+    return Finding(
+        Kind.RUNTIME_REPLACED,
+        Severity.BLOCK,
+        symbol,
+        f"{what} is replaced by {_module_of(origin)}: {missed}",
+        where,
+        details=(f"live code: {origin}",),
+    )
+
+
+def _module_of(file: str) -> str:
+    """The loaded module whose file is ``file``, else ``file`` (a code object names only its file)."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and str(Path(path).resolve()) == file:
+            return name
+    return file
+
+
+def foreign_object(obj: object, module: str) -> str | None:
+    """The file of a function's code, or of a class's module, when it lies outside ``module``'s
+    top-level package, else None; other objects (instances, modules, aliases) are not checked."""
+    if isinstance(obj, type):
+        file = getattr(sys.modules.get(obj.__module__), "__file__", None)
+    else:
+        file = _code_file(obj)
+    return None if file is None else _outside(file, module)
 
 
 def foreign_code(cls: type, name: str) -> str | None:
     """The file of ``cls.name``'s code when it lies outside ``cls``'s top-level package, else None.
 
-    A platform plugin that patches an upstream method (vLLM-Ascend does, at plugin load) leaves
-    code from its own package there; a fork generated from upstream's source would silently drop
-    that patch. The code object's file is used, not ``__module__``, which ``functools.wraps``
-    copies from the function it replaces.
+    A platform plugin that patches an upstream method (vLLM-Ascend does, see
+    :func:`apply_platform_patches`) leaves code from its own package there: a fork generated from
+    upstream's source would silently drop that patch, and an inherited method AFD relies on runs a
+    body the lock never saw. The code object's file is used, not ``__module__``, which
+    ``functools.wraps`` copies from the function it replaces.
     """
     member = inspect.getattr_static(cls, name, None)
-    code = getattr(getattr(member, "__func__", member), "__code__", None)
-    package = sys.modules.get(cls.__module__.partition(".")[0])
-    package_file = getattr(package, "__file__", None)
-    if code is None or package_file is None:
+    file = _code_file(getattr(member, "__func__", member))
+    return None if file is None else _outside(file, cls.__module__)
+
+
+def _code_file(obj: Any) -> str | None:
+    """The file of the code ``obj`` runs, None if it has none.
+
+    A plugin's patch is never standard-library code, so a standard-library wrapper (vLLM's own
+    ``@contextlib.contextmanager`` or ``@functools.lru_cache``) is judged by the function it wraps
+    (``__wrapped__``), and so is a wrapper without code of its own.
+    """
+    inner = inspect.unwrap(obj, stop=_runs_own_code)
+    return str(inner.__code__.co_filename) if _runs_own_code(inner) else None
+
+
+def _runs_own_code(obj: object) -> bool:
+    code = getattr(obj, "__code__", None)
+    return code is not None and not _in_stdlib(code.co_filename)
+
+
+def _in_stdlib(file: str) -> bool:
+    """Whether ``file`` is standard-library code (packages installed below it excluded)."""
+    path = Path(file).resolve()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    return path.is_relative_to(stdlib) and not {"site-packages", "dist-packages"} & set(
+        path.relative_to(stdlib).parts
+    )
+
+
+def _outside(file: str, module: str) -> str | None:
+    """``file``, resolved, when it lies outside ``module``'s top-level package, else None."""
+    package_file = getattr(sys.modules.get(module.partition(".")[0]), "__file__", None)
+    if package_file is None:
         return None
-    home = Path(package_file).resolve().parent
-    origin = Path(code.co_filename).resolve()
-    return None if origin.is_relative_to(home) else str(origin)
+    origin = Path(file).resolve()
+    return None if origin.is_relative_to(Path(package_file).resolve().parent) else str(origin)
 
 
 def _owner(cls: type, name: str) -> str:

@@ -1,12 +1,14 @@
 """``python -m codegen check``: every check, in order, as one list of findings.
 
-1. regenerate in memory: overlay validity, exact signatures, anchors, names (static);
+1. regenerate in memory: overlay validity, exact signatures, anchors, names (static); upstream
+   files that differ from their pinned hashes, with the recorded symbols that changed in them;
 2. the lock: the committed ``overlay/overlay.lock`` equals the regenerated one (diff on mismatch);
 3. generated files on disk equal the regeneration (missing ones are only noted: a fresh clone);
 4. no monkey patches anywhere in the project;
-5. with vLLM importable (and its general plugins loaded) and fresh generated code: runtime
-   signature parity, extend shadowing and forks of patched methods on live classes, registered
-   and documented dotted paths.
+5. with vLLM importable (its general plugins loaded and, on an out-of-tree platform such as
+   vLLM-Ascend, the platform's patch packages imported as its workers do) and fresh generated
+   code: runtime signature parity, extend shadowing, forks and relied-on inherited methods and
+   imported names that a patch replaced, registered and documented dotted paths.
 """
 
 from __future__ import annotations
@@ -98,19 +100,34 @@ def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
 
 def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
     from vllm import ModelRegistry
+    from vllm.platforms import current_platform
     from vllm.plugins import load_general_plugins
 
-    # as every engine process does: a plugin's patches of upstream must be in place to be seen
+    from codegen.checks.runtime import (
+        apply_platform_patches,
+        check_classes,
+        check_imports,
+        check_paths,
+        documented_paths,
+        platform_package,
+    )
+
+    # as the worker processes that run the model are: a plugin's patches of upstream must be in
+    # place to be seen. Every engine process loads the general plugins; an out-of-tree platform's
+    # workers also import its patch packages (vLLM-Ascend: in NPUWorker.__init__).
     load_general_plugins()
+    package = platform_package(current_platform)
+    if package is not None:
+        apply_platform_patches(package)
 
     from afd_models import plugin  # imports nothing heavy; vLLM comes with the first class
-    from codegen.checks.runtime import check_classes, check_paths, documented_paths
 
     registered = {}
     for native, (afd_name, _) in plugin.AFD_ARCHITECTURES.items():
         lazy: Any = ModelRegistry.models[native]  # vLLM's lazily imported registration
         registered[plugin.registrations()[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
     findings = list(check_classes(generation.classes))
+    findings.extend(check_imports(generation.lock["symbols"]))
     findings.extend(check_paths(generation.classes, registered, documented_paths(repo_root)))
     return findings
 
@@ -123,7 +140,7 @@ def run_checks(
     runtime: bool = True,
     progress: Progress = lambda _: None,
 ) -> list[Finding]:
-    from codegen.pipeline import generate, open_context
+    from codegen.pipeline import generate, open_context, pinned_hash_findings
 
     try:
         context = open_context(repo_root, upstream_root=upstream_root, use_installed=use_installed)
@@ -133,8 +150,10 @@ def run_checks(
         f"{s.package} {s.version} from {s.origin}" for s in context.sources.values()
     )
     progress(f"checking against {origins}")
-    generation, _ = generate(context)
+    generation, index = generate(context)
     findings = list(generation.findings)
+    if not generation.lock:  # generate() stopped at a blocking finding, before the pinned hashes
+        findings.extend(pinned_hash_findings(context, index))
     fresh = False
     if not generation.blocked:
         findings.extend(compare_lock(repo_root, generation))

@@ -1,14 +1,18 @@
 """NPU tier: the generated code under vLLM-Ascend 0.26.0rc1 on an Ascend NPU.
 
-vLLM-Ascend patches upstream vLLM when its plugins load. ``python -m codegen check`` loads the
-general plugins before its runtime checks, so here it proves that no method the overlay forks was
-replaced by such a patch (``RT005``: the fork would drop it) and that live signatures still match.
+vLLM-Ascend patches upstream vLLM at run time: its platform patches when its general plugins load
+or the platform is set up, its worker patches in ``NPUWorker.__init__`` (see
+``codegen.checks.runtime.apply_platform_patches``). ``python -m codegen check`` applies both, as
+vLLM-Ascend's workers have them, before its runtime checks; here it proves that the worker patches
+are seen, and that no method the overlay forks or relies on and no upstream name it imports was
+replaced by such a patch (``RT005``) and that live signatures still match.
 Needs ``torch_npu`` and ``vllm_ascend`` (the ``npu`` extra); skipped elsewhere with the reason
 (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +33,33 @@ def test_the_platform_is_ascend() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == "NPUPlatform"
+
+
+def test_the_check_applies_the_worker_patches() -> None:
+    """The general plugins leave ``DeepseekV2Model.forward`` alone; the check's import of
+    vLLM-Ascend's patch packages, as ``NPUWorker.__init__`` does, puts its replacement
+    (vllm_ascend/patch/worker/patch_deepseek_v2.py) in place, where ``foreign_code`` sees it."""
+    result = run_python(
+        """
+        import json
+        from vllm.platforms import current_platform
+        from vllm.plugins import load_general_plugins
+        from codegen.checks.runtime import apply_platform_patches, foreign_code, platform_package
+
+        load_general_plugins()
+        from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
+
+        before = foreign_code(DeepseekV2Model, "forward")
+        applied = apply_platform_patches(platform_package(current_platform))
+        print(json.dumps([before, applied, foreign_code(DeepseekV2Model, "forward")]))
+        """,
+        {**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, applied, after = json.loads(result.stdout.splitlines()[-1])
+    assert before is None
+    assert applied == ["vllm_ascend.patch.platform", "vllm_ascend.patch.worker"]
+    assert after is not None and "/vllm_ascend/patch/worker/" in after
 
 
 def test_codegen_check_is_clean_with_vllm_ascend_loaded() -> None:

@@ -81,6 +81,6 @@ def make_repo(tmp_path: Path, overlay: str, upstream: dict[str, str] | None = No
 
 
 HEADER = """
-from codegen.markers import delete, delta, extend, fork, insert_after, insert_before, override, override_attr, replace, subclass, wrap
+from codegen.markers import contract, delete, delta, extend, fork, insert_after, insert_before, override, override_attr, replace, subclass, wrap
 from vllm.layers import Base, Child
 """

@@ -163,8 +163,47 @@ def test_up_to_date_notices_overlay_changes(tmp_path: Path) -> None:
         ("@subclass()\nclass A(Base):\n    kind = override_attr(1)", []),
         ("@subclass(bases=('Nope',))\nclass A(Base):\n    pass", ["OVL002"]),
         (
-            "@subclass(relies_on=('helper',))\nclass A(Base):\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
-            "        return a",
+            "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w'),)})\nclass A(Base):\n"
+            "    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a",
+            ["OVL001"],
+        ),  # relies on a method it overrides
+        # contracts of relied-on methods
+        (
+            "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w'),)})\nclass A(Base):\n    pass",
+            [],
+        ),
+        (
+            "@subclass(relies_on={'helper': (contract('$X + $Y', id='adds', if_broken='w'),)})\nclass A(Base):\n    pass",
+            [],
+        ),
+        (
+            "@subclass(relies_on={'helper': (contract('a - b', id='subtracts', if_broken='w'),)})\nclass A(Base):\n    pass",
+            ["CTR002"],
+        ),
+        (
+            "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w', count=2),)})\nclass A(Base):\n    pass",
+            ["CTR003"],
+        ),
+        (
+            "@subclass(relies_on={'helper': (contract('a +', id='adds', if_broken='w'),)})\nclass A(Base):\n    pass",
+            ["CTR001"],
+        ),
+        (
+            "@subclass(relies_on=('helper',))\nclass A(Base):\n    pass",
+            ["OVL001"],
+        ),  # names without contracts
+        ("@subclass(relies_on={'helper': ()})\nclass A(Base):\n    pass", ["OVL001"]),
+        (
+            "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken=' '),)})\nclass A(Base):\n    pass",
+            ["OVL001"],
+        ),
+        (
+            "@subclass(relies_on={'helper': (contract('a', id='x', if_broken='w'), contract('b', id='x', if_broken='w'))})\n"
+            "class A(Base):\n    pass",
+            ["OVL001"],
+        ),
+        (
+            "@subclass(relies_on={'nowhere': (contract('a', id='x', if_broken='w'),)})\nclass A(Base):\n    pass",
             ["OVL001"],
         ),
         # names

@@ -27,6 +27,7 @@ from afd_models.models.loading import counting, finish_loading, mark_unloaded
 from afd_models.models.plan import afd_plan  # noqa: F401 (edit code)
 from afd_models.models.remote import RemoteExperts  # noqa: F401 (edit code)
 from codegen.markers import (
+    contract,
     extend,
     fork,
     insert_after,
@@ -37,6 +38,31 @@ from codegen.markers import (
     wrap,
 )
 
+_EXPERTS_SEE_THE_HIDDEN_STATES = contract(
+    "self.experts(hidden_states=hidden_states, router_logits=hidden_states)",
+    id="internal-router-gets-hidden-states",
+    if_broken="with the gate on FFN the experts would no longer route the hidden states with their own gate",
+)
+_MOE_FORWARD = (
+    contract(
+        """
+        if self.experts.is_internal_router:
+            $...INTERNAL
+        else:
+            router_logits, _ = self.gate(hidden_states)
+            $...EXTERNAL
+        """,
+        id="gate-runs-for-external-router",
+        if_broken="with the gate on Attention the gate would not run there and the remote experts would "
+        "receive hidden states where router logits belong",
+    ),
+    contract(
+        "self.experts(hidden_states=hidden_states, router_logits=router_logits)",
+        id="experts-get-router-logits",
+        if_broken="with the gate on Attention the remote experts would not be sent the gate's router logits",
+    ),
+    _EXPERTS_SEE_THE_HIDDEN_STATES,
+)
 _PLAN_FROM_CONTEXT = insert_after(
     "super().__init__()",
     "plan = afd_plan(get_current_vllm_config())",
@@ -45,7 +71,7 @@ _PLAN_FROM_CONTEXT = insert_after(
 )
 
 
-@subclass(relies_on=("forward",))
+@subclass(relies_on={"forward": _MOE_FORWARD})
 class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
     """The Attention role's MoE block: the gate (when it runs here) and a proxy of the experts.
 
@@ -97,7 +123,7 @@ class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
     ): ...
 
 
-@subclass(relies_on=("forward",))
+@subclass(relies_on={"forward": (_EXPERTS_SEE_THE_HIDDEN_STATES,)})
 class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
     """The FFN role's MoE block: vLLM's own gate, routed and shared experts.
 
@@ -138,7 +164,33 @@ class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
         return output.view(num_tokens, hidden_dim)
 
 
-@subclass(relies_on=("forward",))
+@subclass(
+    relies_on={
+        "forward": (
+            contract(
+                "hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)",
+                id="mlp-after-post-attention-norm",
+                if_broken="the MLP proxy would be sent activations other than the normalized "
+                "post-attention hidden states the FFN role computes on",
+            ),
+            contract(
+                "hidden_states = self.mlp(hidden_states)",
+                id="mlp-called-once",
+                if_broken="the MLP proxy (and so the exchange with the FFN role) would not run once "
+                "per layer with the hidden states",
+            ),
+            contract(
+                """
+                if isinstance(self.mlp, DeepseekV2MLP) and hidden_states.dtype == torch.float16:
+                    hidden_states *= 1.0 / self.routed_scaling_factor
+                """,
+                id="fp16-rescale-only-for-native-dense-mlp",
+                if_broken="the fp16 rescale of dense layers that afd_ffn_forward applies on the FFN role "
+                "would be missing or applied twice",
+            ),
+        )
+    }
+)
 class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
     """A decoder layer that builds the role's half; vLLM's native forward runs on Attention."""
 
@@ -204,13 +256,41 @@ class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
         if output.dtype == torch.float16:
             # The native forward rescales a dense MLP's fp16 output right after `self.mlp`, but only
             # when that is a DeepseekV2MLP; on the Attention role it is the remote proxy, so the
-            # rescale happens here, once. (`forward` is relied on: drift reports any change to it.)
+            # rescale happens here, once (a contract of the relied-on `forward` pins that condition).
             output *= 1.0 / self.routed_scaling_factor
         return output
 
 
 @support_torch_compile
-@subclass(relies_on=("forward", "load_weights"))
+@subclass(
+    relies_on={
+        "forward": (
+            contract(
+                """
+                for $IDX, $LAYER in enumerate(islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer):
+                    $...BODY
+                """,
+                id="every-layer-in-order",
+                if_broken="the decoder layers, and with them the exchanges with the FFN role, would not "
+                "run once each in layer order, which the FFN role serves them in",
+            ),
+            contract(
+                "if get_pp_group().is_first_rank:\n    $...EMBED\nelse:\n    $...RECEIVE",
+                id="embedding-on-first-rank-only",
+                if_broken="the forward would use the embedding the FFN role does not build",
+            ),
+        ),
+        "load_weights": (
+            contract(
+                "if is_pp_missing_parameter($NAME, self):\n    continue",
+                id="skips-missing-layers",
+                count=3,
+                if_broken="loading would fail on the checkpoint weights of the modules a role does not "
+                "build (vLLM PPMissingLayers)",
+            ),
+        ),
+    }
+)
 class AFDDeepseekV2Model(DeepseekV2Model):
     """The decoder stack with AFD layers; embedding and final norm on the Attention role only.
 
@@ -255,7 +335,33 @@ class AFDDeepseekV2Model(DeepseekV2Model):
 @subclass(
     bases=("DeepseekV2ForCausalLM", "DeepseekForCausalLM", "DeepseekV3ForCausalLM"),
     name="AFD{base}",
-    relies_on=("forward", "compute_logits", "set_moe_parameters"),
+    relies_on={
+        "forward": (
+            contract(
+                "self.model(input_ids, positions, intermediate_tensors, inputs_embeds)",
+                id="runs-the-afd-model",
+                if_broken="the causal LM would not run the AFD decoder stack (model_cls)",
+            ),
+        ),
+        "compute_logits": (
+            contract(
+                "self.logits_processor(self.lm_head, hidden_states)",
+                id="logits-from-lm-head",
+                if_broken="logits would come from something other than the lm_head the Attention role builds",
+            ),
+        ),
+        "set_moe_parameters": (
+            contract(
+                """
+                if isinstance(layer.mlp, DeepseekV2MoE):
+                    $...BODY
+                """,
+                id="moe-blocks-by-type",
+                if_broken="vLLM's MoE bookkeeping would not find the AFD MoE blocks (subclasses of "
+                "DeepseekV2MoE) or would read the experts of the FFN role's missing layers",
+            ),
+        ),
+    },
 )
 class AFDDeepseekV2ForCausalLM(DeepseekV2ForCausalLM):
     """The AFD causal LM: vLLM's class with the AFD model, lm_head on the Attention role only."""

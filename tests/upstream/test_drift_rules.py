@@ -1,0 +1,194 @@
+"""Each rule that lowers a drift finding's severity, against mutations of the real pinned upstream
+that it must not hide: the harmless change is info, the real break next to it still blocks."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from codegen.drift_cli import run_drift
+from codegen.findings import Finding
+
+from .conftest import REPO
+
+DEEPSEEK = "vllm/model_executor/models/deepseek_v2.py"
+GPU_WORKER = "vllm/v1/worker/gpu_worker.py"
+MOE_FORWARD = "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE.forward"
+DECODER_INIT = "afd_models._generated.vllm.model_executor.models.deepseek_v2:AFDDeepseekV2DecoderLayer.__init__"
+FUSED_MOE = "vllm.model_executor.layers.fused_moe.layer:FusedMoE"
+FUSED_MOE_FILES = (
+    "vllm/model_executor/layers/fused_moe/layer.py",
+    "vllm/model_executor/layers/fused_moe/__init__.py",
+    DEEPSEEK,
+)
+
+
+def _once(old: str, new: str) -> Callable[[str], str]:
+    def change(text: str) -> str:
+        assert text.count(old) == 1, old
+        return text.replace(old, new)
+
+    return change
+
+
+def drift(
+    upstream_copy: Path, tmp_path: Path, changes: dict[str, Callable[[str], str]]
+) -> list[Finding]:
+    """Drift from the pin to a copy of it with ``changes`` applied (file -> text rewrite)."""
+    root = tmp_path / "tree"
+    shutil.copytree(upstream_copy, root, copy_function=os.link)
+    for relative, change in changes.items():
+        target = root / relative
+        text = change(target.read_text())
+        target.unlink()
+        target.write_text(text)
+    return run_drift(REPO, "0.26.0", to_root=root).findings
+
+
+def alarms(findings: list[Finding]) -> set[tuple[str, str, str]]:
+    return {(f.code, f.severity.value, f.symbol) for f in findings if f.severity.value != "info"}
+
+
+def by_code(findings: list[Finding], code: str) -> dict[str, Finding]:
+    return {f.symbol: f for f in findings if f.code == code}
+
+
+# --- contracts: a relied-on body change that keeps them is info; breaking one blocks ---------------
+
+GATE_CALL = "            router_logits, _ = self.gate(hidden_states)\n"
+
+
+def test_relied_on_change_that_keeps_contracts_is_info(upstream_copy: Path, tmp_path: Path) -> None:
+    findings = drift(
+        upstream_copy,
+        tmp_path,
+        {
+            DEEPSEEK: _once(
+                GATE_CALL, GATE_CALL + "            router_logits = router_logits.float()\n"
+            )
+        },
+    )
+    assert alarms(findings) == set()
+    changed = by_code(findings, "DRF021")[MOE_FORWARD]
+    assert changed.severity.value == "info" and "gate-runs-for-external-router" in changed.message
+
+
+def test_breaking_a_contract_blocks(upstream_copy: Path, tmp_path: Path) -> None:
+    findings = drift(
+        upstream_copy,
+        tmp_path,
+        {DEEPSEEK: _once(GATE_CALL, "            router_logits = hidden_states\n")},
+    )
+    assert alarms(findings) == {
+        ("DRF070", "block", f"{MOE_FORWARD}#gate-runs-for-external-router"),
+    }
+    broken = by_code(findings, "DRF070")[f"{MOE_FORWARD}#gate-runs-for-external-router"]
+    assert "router logits belong" in broken.message and broken.target is not None
+
+
+def test_contract_matching_elsewhere_is_review(upstream_copy: Path, tmp_path: Path) -> None:
+    check = (
+        "                if is_pp_missing_parameter(name, self):\n                    continue\n"
+    )
+    findings = drift(upstream_copy, tmp_path, {DEEPSEEK: _once(check * 1, "")})
+    assert alarms(findings) == {
+        (
+            "DRF071",
+            "review",
+            "vllm.model_executor.models.deepseek_v2:DeepseekV2Model.load_weights#skips-missing-layers",
+        )
+    }
+
+
+# --- an override that never calls super(): only the signature matters ----------------------------
+
+
+def test_replaced_body_is_info_but_its_signature_still_blocks(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    header = "    def compile_or_warm_up_model(self) -> CompilationTimes:\n"
+    body_only = drift(
+        upstream_copy,
+        tmp_path / "body",
+        {GPU_WORKER: _once(header, header + "        self.warmed = True\n")},
+    )
+    worker = "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model"
+    assert alarms(body_only) == set()
+    assert "never call super()" in by_code(body_only, "DRF020")[worker].message
+    signature = drift(
+        upstream_copy,
+        tmp_path / "signature",
+        {
+            GPU_WORKER: _once(
+                header,
+                "    def compile_or_warm_up_model(self, sizes: list[int]) -> CompilationTimes:\n",
+            )
+        },
+    )
+    assert ("DRF010", "block", worker) in alarms(signature)
+
+
+# --- a fork: cosmetic changes outside the anchors are info, real ones review --------------------
+
+NORMS = '        self.routed_scaling_factor = getattr(config, "routed_scaling_factor", 1.0)\n\n    def forward(\n        self,\n        positions'
+
+
+def test_cosmetic_fork_change_is_info(upstream_copy: Path, tmp_path: Path) -> None:
+    findings = drift(
+        upstream_copy,
+        tmp_path,
+        {DEEPSEEK: _once(NORMS, "        scale: float\n        # the scale\n" + NORMS)},
+    )
+    assert alarms(findings) == set()
+    assert by_code(findings, "DRF032")[DECODER_INIT].severity.value == "info"
+
+
+def test_real_fork_change_is_review_with_the_generated_diff(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    findings = drift(
+        upstream_copy,
+        tmp_path,
+        {DEEPSEEK: _once(NORMS, "        self.probe = torch.nn.Linear(1, 1)\n" + NORMS)},
+    )
+    assert alarms(findings) == {("DRF032", "review", DECODER_INIT)}
+    details = by_code(findings, "DRF032")[DECODER_INIT].details
+    generated = details[details.index("generated method:") :]
+    assert any(line == "+    self.probe = torch.nn.Linear(1, 1)" for line in generated), generated
+
+
+# --- renames: a successor is linked; a symbol with none is still gone --------------------------
+
+
+def _rename(new: str) -> dict[str, Callable[[str], str]]:
+    return {path: lambda text: re.sub(r"\bFusedMoE\b", new, text) for path in FUSED_MOE_FILES}
+
+
+def test_rename_is_linked_to_its_successor(upstream_copy: Path, tmp_path: Path) -> None:
+    findings = drift(upstream_copy, tmp_path, _rename("MoELayerFactory"))
+    (renamed,) = by_code(findings, "DRF003").values()
+    assert renamed.symbol == FUSED_MOE and renamed.severity.value == "block"
+    assert "FusedMoE -> MoELayerFactory (same signature" in renamed.message
+    assert not by_code(findings, "DRF030") and not by_code(findings, "DRF001")
+
+
+def test_removal_without_successor_still_blocks(upstream_copy: Path, tmp_path: Path) -> None:
+    changes = _rename("MoELayerFactory")
+    layer = FUSED_MOE_FILES[0]
+    renamed = changes[layer]
+    changes[layer] = lambda text: re.sub(
+        r"def MoELayerFactory\((.|\n)*?\n(?=def |class )",
+        "def MoELayerFactory(config):\n    return config\n\n\n",
+        renamed(text),
+        count=1,
+    )
+    findings = drift(upstream_copy, tmp_path, changes)
+    assert by_code(findings, "DRF001")[FUSED_MOE].severity.value == "block"
+    assert {s.rsplit("#", 1)[1] for s in by_code(findings, "DRF030")} == {
+        "remote-experts",
+        "external-router-on-gate-placement",
+    }
+    assert not by_code(findings, "DRF003")

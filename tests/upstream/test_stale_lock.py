@@ -1,0 +1,71 @@
+"""CI must fail on a commit that changed the overlay but not the lock: `nox -s tests` checks first."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import noxfile
+
+from .conftest import REPO
+
+OVERLAY = "overlay/vllm/model_executor/models/deepseek_v2.py"
+
+
+def _tracked_copy(tmp_path: Path) -> Path:
+    """The committed files of this checkout (no generated code: a fresh clone)."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True, timeout=60
+    ).stdout.decode()
+    root = tmp_path / "clone"
+    for name in filter(None, files.split("\0")):
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    return root
+
+
+def _committed_check(root: Path) -> subprocess.CompletedProcess[str]:
+    # `python -m` puts the working directory first on sys.path: the copy's codegen checks the copy.
+    return subprocess.run(
+        [sys.executable, *noxfile.COMMITTED_CHECK],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_stale_lock_fails_the_committed_check(tmp_path: Path) -> None:
+    root = _tracked_copy(tmp_path)
+    clean = _committed_check(root)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+    overlay = root / OVERLAY
+    text = overlay.read_text()
+    assert 'why="the FFN role constructs nothing of attention"' in text
+    overlay.write_text(
+        text.replace(
+            'why="the FFN role constructs nothing of attention"',
+            'why="the FFN role builds no attention modules"',
+        )
+    )
+    stale = _committed_check(root)
+    assert stale.returncode == 2, stale.stdout + stale.stderr
+    assert "LCK002" in stale.stdout and "nox -s regenerate" in stale.stdout, stale.stdout
+
+
+def test_tests_session_checks_before_it_regenerates() -> None:
+    """The order of the commands `nox -s tests` runs, read from the session itself."""
+    commands: list[tuple[str, ...]] = []
+    session = SimpleNamespace(
+        posargs=[], log=lambda *_: None, run=lambda *args, **_: commands.append(args)
+    )
+    noxfile.tests(session)
+    steps = [args[1:3] for args in commands]
+    assert steps == [("-m", "codegen"), ("-m", "codegen"), ("-m", "pytest")], commands
+    assert commands[0][1:] == noxfile.COMMITTED_CHECK
+    assert commands[1][3] == "regenerate"
