@@ -179,11 +179,12 @@ def _successor(ref: SymbolRef, old: Side, new: Side) -> Rename | None:
     before, after = old.index.module(ref.module), new.index.module(ref.module)
     if before is None or after is None or ref.qualname not in _definitions(before):
         return None
-    old_node = _definitions(before)[ref.qualname]
+    existing = _definitions(before)
+    old_node = existing[ref.qualname]
     old_lines = ast.unparse(old_node).replace(ref.qualname, "_").splitlines()
     best: tuple[float, Rename] | None = None
     for name, node in sorted(_definitions(after).items()):
-        if name in _definitions(before) or type(node) is not type(old_node):
+        if name in existing or type(node) is not type(old_node):
             continue
         change = None
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

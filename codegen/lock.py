@@ -1,7 +1,7 @@
 """``overlay/overlay.lock``: what the overlay depends on in upstream, as reviewable JSON.
 
 Per upstream symbol used (bases and their MRO, overridden, forked and inherited methods, names the
-overlay and the runtime import, names forked bodies use): its kind, signature and a fingerprint of
+overlay and the runtime import, names forked bodies use, members of imported classes they read): its kind, signature and a fingerprint of
 its normalized body. Per anchor: where it matched and what it matched. Per generated file: its
 sha256. ``codegen check`` regenerates in memory and diffs against this file; ``codegen drift``
 compares its symbols with another upstream version.
@@ -20,6 +20,7 @@ from typing import Any
 from codegen.generate import Generation
 from codegen.index import Member, UpstreamIndex, body_fingerprint
 from codegen.model import MemberKind, Signature, SymbolRef
+from codegen.names import ModuleNamespace
 
 LOCK_FORMAT = 2
 
@@ -154,6 +155,10 @@ def build_lock(
                     for a in member.anchors
                 }
             members[member.decl.name] = entry
+        namespace = generation.namespaces.get(generated.module)
+        for member in generated.members:
+            for ref in class_members_used(member.node, namespace, index) if namespace else ():
+                symbols.add(ref, "generated_import", f"{key}.{member.decl.name}")
         for name, ref in generated.inherited.items():
             role = "relied_on" if name in generated.overlay.relies_on else "inherited"
             symbols.add(ref, role, f"{key}.{name}")
@@ -201,6 +206,31 @@ def build_lock(
         "symbols": dict(sorted(symbols.entries.items())),
         "generated": dict(sorted(generated_files.items())),
     }
+
+
+def class_members_used(
+    node: Any, namespace: ModuleNamespace, index: UpstreamIndex
+) -> list[SymbolRef]:
+    """Members of imported upstream classes a generated body reads (``rocm_aiter_ops.is_enabled()``):
+    the lock records them, so drift reports their removal or a new signature like the class's."""
+    import libcst as cst
+
+    imported = {**namespace.overlay, **{n: ref for n, (_, ref) in namespace.added.items()}}
+    found: list[SymbolRef] = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            if not isinstance(attribute.value, cst.Name) or attribute.value.value not in imported:
+                return
+            owner = namespace.definition(imported[attribute.value.value])
+            if not index.owns(owner.module) or not index.is_indexed_class(owner):
+                return
+            member = index.find_member(owner, attribute.attr.value)
+            if member is not None and member.ref not in found:
+                found.append(member.ref)
+
+    node.visit(_Finder())
+    return found
 
 
 def calls_super(node: Any, name: str) -> bool:

@@ -2,11 +2,27 @@
 
     python -m codegen.mutations [--count N] [--seed S] [--json OUT]
 
-Each mutation is one random single edit to a copy of the pinned vLLM source: rename, drop or
-reorder a parameter, change a default, delete or duplicate an anchored statement, add a method
-named like one of our ``extend``s, change a base, change an inherited body. Mutations of symbols
-the lock records must be reported (any finding); mutations of symbols it does not record must
-not be (no finding at all). The score is the share of mutations that got the expected answer.
+Each mutation is one random single edit to a copy of the pinned vLLM source. A mutation of a
+symbol the lock records counts as detected only when drift reports the finding code that names
+the break; other findings do not count:
+
+==================  ==========================================================================
+rename_param        DRF012
+change_default      DRF015
+drop_param          DRF011
+change_body         by the method's role (:func:`_body_code`): a fork DRF032 (DRF030 when the
+                    new line splits anchored statements), an overridden method DRF020, an
+                    inherited or relied-on one DRF021
+delete_anchor       DRF030
+duplicate_anchor    DRF031
+break_contract      DRF070 (DRF071 when the contract still holds in another of its places)
+shadow_extend       DRF040
+change_base         DRF041
+==================  ==========================================================================
+
+The signature and body operators also edit functions and methods that the lock does not record,
+in the upstream files it tracks; those must get no finding at all. The score is the share of
+mutations that got the expected answer.
 """
 
 from __future__ import annotations
@@ -20,15 +36,18 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from codegen.drift_cli import run_drift
+from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 @dataclass(frozen=True)
@@ -37,16 +56,27 @@ class Mutation:
 
     #: operator name, e.g. ``rename_param``
     operator: str
-    #: the symbol mutated (``module:Class.member``)
+    #: the symbol mutated (``module:Class.member``, ``...#edit-id`` for anchors and contracts)
     symbol: str
     #: file relative to the source root
     path: str
-    #: whether the lock records the symbol (then drift must report it)
-    used: bool
-    #: 1-based line range replaced, and the new lines
+    #: the finding code drift must report; None for a symbol the lock does not record (then
+    #: drift must report nothing at all)
+    expected: str | None
+    #: 1-based line range replaced (``stop == start - 1`` inserts before ``start``), and the new lines
     start: int
     stop: int
     lines: tuple[str, ...]
+
+    @property
+    def used(self) -> bool:
+        """Whether the lock records the symbol."""
+        return self.expected is not None
+
+    def apply(self, text: str) -> str:
+        lines = text.splitlines()
+        lines[self.start - 1 : self.stop] = list(self.lines)
+        return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -56,12 +86,14 @@ class Outcome:
 
     @property
     def correct(self) -> bool:
-        return bool(self.codes) if self.mutation.used else not self.codes
+        if self.mutation.expected is None:
+            return not self.codes
+        return self.mutation.expected in self.codes
 
 
-def _function(info_source: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef:
-    for node in ast.walk(ast.parse(info_source)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.lineno == line:
+def _function(source: str, line: int) -> Function:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, Function) and node.lineno == line:
             return node
     raise LookupError(f"no function at line {line}")
 
@@ -70,166 +102,282 @@ def _indent(text: str) -> str:
     return text[: len(text) - len(text.lstrip())]
 
 
-def _statement_end(lines: list[str], line: int) -> int:
-    """Last line (1-based) of the statement starting at ``line``: its deeper-indented continuation
-    and closing brackets."""
-    indent = _indent(lines[line - 1])
-    stop = line
-    while (
-        stop < len(lines)
-        and lines[stop].strip()
-        and (_indent(lines[stop]) > indent or lines[stop].strip().startswith((")", "]", "}")))
-    ):
-        stop += 1
-    return stop
+def _first_line(node: ast.stmt) -> int:
+    """The first line of a statement, its decorators included."""
+    decorators: list[ast.expr] = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])
+
+
+def _body(node: Function) -> list[ast.stmt]:
+    """The statements of a body, its docstring left out."""
+    first = node.body[0]
+    docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    return node.body[1:] if docstring else node.body
+
+
+def _statements_at(tree: ast.AST, line: int, count: int) -> tuple[int, int] | None:
+    """First and last line of ``count`` consecutive statements of one block, the first being the
+    innermost statement that contains ``line``; None if its block has fewer."""
+    containing = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, statement in enumerate(block):
+                if isinstance(statement, ast.stmt) and (
+                    _first_line(statement) <= line <= (statement.end_lineno or 0)
+                ):
+                    containing.append(
+                        (_first_line(statement), -(statement.end_lineno or 0), block, i)
+                    )
+    if not containing:
+        return None
+    # the innermost statement containing the line starts last (and, on a tie, ends first)
+    start, _, block, i = max(containing, key=lambda found: found[:2])
+    if i + count > len(block):
+        return None
+    return start, block[i + count - 1].end_lineno or 0
+
+
+def _statement_count(pattern: str) -> int:
+    """How many consecutive statements an anchor or contract matches (an expression: the one
+    statement it is in). A ``$...`` run in the middle counts as one statement."""
+    parsed = parse_pattern(pattern)
+    return 1 if parsed.is_expression else len(parsed.statements)
+
+
+def _module(path: str) -> str:
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def _body_code(roles: set[str]) -> str:
+    """What drift must report when a method's body changes, by the method's roles in the lock:
+    a fork is re-based (DRF032; a lost anchor, DRF030, when the change splits the statements an
+    edit anchors on); an overridden or otherwise used method reports the body (DRF020); a method
+    we inherit, relied on or not, reports an inherited body (DRF021)."""
+    if "fork" in roles:
+        return "DRF032"
+    if roles & {"override", "override_attr"}:
+        return "DRF020"
+    if roles & {"relied_on", "inherited"}:
+        return "DRF021"
+    return "DRF020"
 
 
 class Mutator:
-    """Builds mutations from the lock's symbols and from unrelated upstream methods."""
+    """Builds mutations from the lock's symbols and from the unrecorded functions and methods of
+    the upstream files the lock tracks."""
 
     def __init__(self, context: Context, lock: dict[str, Any], rng: random.Random):
-        self.root = context.sources["vllm"].root
+        self.root: Path = context.sources["vllm"].root
         self.lock = lock
         self.rng = rng
-        self.methods = {
-            key: entry
-            for key, entry in lock["symbols"].items()
-            if entry.get("kind") == "method" and entry.get("roles") != ["inherited"]
-        }
+        self._texts: dict[str, str] = {}
+        #: recorded methods grouped by their roles, so that rare roles (forks) get drawn too
+        self.recorded: dict[str, list[str]] = {}
+        for key, entry in sorted(lock["symbols"].items()):
+            if entry.get("kind") == "method" and entry.get("file"):
+                self.recorded.setdefault(" ".join(sorted(entry["roles"])), []).append(key)
+        self.unrecorded = list(self._unrecorded())
+
+    def text(self, path: str) -> str:
+        if path not in self._texts:
+            self._texts[path] = (self.root / path).read_text()
+        return self._texts[path]
 
     def _lines(self, path: str) -> list[str]:
-        return (self.root / path).read_text().splitlines()
+        return self.text(path).splitlines()
 
-    def _method(self, used: bool) -> tuple[str, str, ast.FunctionDef | ast.AsyncFunctionDef]:
-        if used:
-            key = self.rng.choice(sorted(self.methods))
-            entry = self.methods[key]
-            return (
-                key,
-                entry["file"],
-                _function((self.root / entry["file"]).read_text(), entry["line"]),
-            )
-        candidates = sorted(self.root.joinpath("vllm/model_executor/models").glob("l*.py"))
-        path = self.rng.choice(candidates)
-        functions = [
-            n
-            for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.FunctionDef) and n.args.args
-        ]
-        node = self.rng.choice(functions)
-        return f"{path.name}:{node.name}", path.relative_to(self.root).as_posix(), node
+    def _unrecorded(self) -> Iterator[tuple[str, str, Function]]:
+        """Module functions and methods of module classes, in the files the lock tracks, that the
+        lock does not record in any role."""
+        for path in sorted(self.lock["upstream"]["vllm"]["files"]):
+            module = _module(path)
+            for node in ast.parse(self.text(path)).body:
+                functions = [(node.name, node)] if isinstance(node, Function) else []
+                if isinstance(node, ast.ClassDef):
+                    functions = [
+                        (f"{node.name}.{child.name}", child)
+                        for child in node.body
+                        if isinstance(child, Function)
+                    ]
+                for qualname, function in functions:
+                    if f"{module}:{qualname}" not in self.lock["symbols"]:
+                        yield f"{module}:{qualname}", path, function
+
+    def _method(self, used: bool) -> tuple[str, str, Function, set[str]]:
+        """A method the lock records (key, file, node, roles), or an unrecorded one (no roles)."""
+        if not used:
+            key, path, node = self.rng.choice(self.unrecorded)
+            return key, path, node, set()
+        key = self.rng.choice(self.recorded[self.rng.choice(sorted(self.recorded))])
+        entry = self.lock["symbols"][key]
+        return (
+            key,
+            entry["file"],
+            _function(self.text(entry["file"]), entry["line"]),
+            set(entry["roles"]),
+        )
 
     def make(self, operator: str, used: bool = True) -> Mutation | None:
+        """One mutation by ``operator``, or None where the drawn symbol does not suit it."""
         build: Callable[[bool], Mutation | None] = getattr(self, f"_{operator}")
         return build(used)
 
+    def draw(self, operator: str, used: bool, tries: int = 20) -> Mutation | None:
+        """A mutation by ``operator`` that leaves the file valid Python, within ``tries`` draws."""
+        for _ in range(tries):
+            mutation = self.make(operator, used)
+            if mutation is None:
+                continue
+            try:
+                ast.parse(mutation.apply(self.text(mutation.path)))
+            except SyntaxError:
+                continue
+            return mutation
+        return None
+
     # --- signature operators --------------------------------------------------------
 
-    def _signature_line_edit(
+    def _replace(
         self,
-        used: bool,
         operator: str,
-        change: Callable[[list[ast.arg], ast.arguments], list[str] | None],
-    ) -> Mutation | None:
-        key, path, node = self._method(used)
-        args = (
-            node.args.args[1:]
-            if node.args.args and node.args.args[0].arg in ("self", "cls")
-            else node.args.args
+        key: str,
+        path: str,
+        expected: str | None,
+        node: ast.arg | ast.expr,
+        width: int,
+        new: str,
+    ) -> Mutation:
+        """Replace the ``width`` bytes of source where ``node`` starts with ``new``."""
+        text = self._lines(path)[node.lineno - 1]
+        encoded = text.encode()  # ast columns are UTF-8 byte offsets
+        start = len(encoded[: node.col_offset].decode())
+        stop = len(encoded[: node.col_offset + width].decode())
+        return Mutation(
+            operator,
+            key,
+            path,
+            expected,
+            node.lineno,
+            node.lineno,
+            (text[:start] + new + text[stop:],),
         )
-        if not args:
-            return None
-        lines = self._lines(path)
-        start, stop = node.lineno, node.body[0].lineno - 1
-        header = "\n".join(lines[start - 1 : stop])
-        replaced = change(args, node.args)
-        if replaced is None:
-            return None
-        old, new = replaced
-        if old not in header:
-            return None
-        new_header = header.replace(old, new, 1)
-        return Mutation(operator, key, path, used, start, stop, tuple(new_header.splitlines()))
+
+    @staticmethod
+    def _params(node: Function) -> list[ast.arg]:
+        """Positional and keyword-only parameters, ``self`` / ``cls`` left out."""
+        positional = node.args.posonlyargs + node.args.args
+        if positional and positional[0].arg in ("self", "cls"):
+            positional = positional[1:]
+        return positional + node.args.kwonlyargs
 
     def _rename_param(self, used: bool) -> Mutation | None:
-        def change(args: list[ast.arg], _: ast.arguments) -> list[str] | None:
-            arg = self.rng.choice(args)
-            return [f"{arg.arg}", f"{arg.arg}_renamed"]
-
-        return self._signature_line_edit(used, "rename_param", change)
+        """Append ``_renamed`` to one parameter's name."""
+        key, path, node, _ = self._method(used)
+        params = self._params(node)
+        if not params:
+            return None
+        param = self.rng.choice(params)
+        expected = "DRF012" if used else None
+        width = len(param.arg.encode())
+        return self._replace(
+            "rename_param", key, path, expected, param, width, f"{param.arg}_renamed"
+        )
 
     def _change_default(self, used: bool) -> Mutation | None:
-        def change(_: list[ast.arg], spec: ast.arguments) -> list[str] | None:
-            defaults = [d for d in spec.defaults if isinstance(d, ast.Constant)]
-            if not defaults:
-                return None
-            default = self.rng.choice(defaults)
-            old = ast.unparse(default)
-            new = {"True": "False", "False": "True", "None": "0", "''": "'x'"}.get(
-                old, f"{old}_changed" if isinstance(default.value, str) else "None"
-            )
-            if isinstance(default.value, str):
-                new = repr(default.value + "_changed")
-            return [f"= {old}", f"= {new}"] if f"= {old}" else None
-
-        return self._signature_line_edit(used, "change_default", change)
+        """Change one constant default (``True`` to ``False``, a string, ``None`` to ``0``, ...)."""
+        key, path, node, _ = self._method(used)
+        defaults = [
+            d for d in [*node.args.defaults, *node.args.kw_defaults] if isinstance(d, ast.Constant)
+        ]
+        if not defaults:
+            return None
+        default = self.rng.choice(defaults)
+        if default.end_lineno != default.lineno:
+            return None
+        value = default.value
+        if isinstance(value, bool):
+            new = repr(not value)
+        elif isinstance(value, str):
+            new = repr(value + "_changed")
+        elif value is None:
+            new = "0"
+        else:
+            new = "None"
+        expected = "DRF015" if used else None
+        width = (default.end_col_offset or 0) - default.col_offset
+        return self._replace("change_default", key, path, expected, default, width, new)
 
     def _drop_param(self, used: bool) -> Mutation | None:
-        key, path, node = self._method(used)
-        positional = node.args.args[1:]
-        if len(positional) < 1:
+        """Remove one parameter written on a line of its own."""
+        key, path, node, _ = self._method(used)
+        params = [p for p in self._params(node) if p.lineno != node.lineno]
+        if not params:
             return None
-        arg = positional[-1]
-        if arg.lineno == node.lineno or node.args.defaults:
-            return (
-                None  # only parameters on their own line, without defaults to keep the code valid
-            )
-        return Mutation("drop_param", key, path, used, arg.lineno, arg.lineno, ())
+        param = self.rng.choice(params)
+        text = self._lines(path)[param.lineno - 1]
+        if text[: param.col_offset].strip() or any(
+            p is not param and p.lineno == param.lineno for p in params
+        ):
+            return None  # only a parameter alone on its line (draw() rejects one that runs on)
+        expected = "DRF011" if used else None
+        return Mutation("drop_param", key, path, expected, param.lineno, param.lineno, ())
 
     # --- body operators -------------------------------------------------------------
 
     def _change_body(self, used: bool) -> Mutation | None:
-        key, path, node = self._method(used)
-        first = node.body[0]
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-            if len(node.body) < 2:
-                return None
-            first = node.body[1]
-        lines = self._lines(path)
-        line = lines[first.lineno - 1]
-        return Mutation(
-            "change_body",
-            key,
-            path,
-            used,
-            first.lineno,
-            first.lineno - 1,
-            (f"{_indent(line)}_afd_mutation = 1",),
-        )
+        """Insert an assignment before one statement of the body (not inside a block)."""
+        key, path, node, roles = self._method(used)
+        body = _body(node)
+        if not body:
+            return None
+        line = _first_line(self.rng.choice(body))
+        expected = _body_code(roles) if used else None
+        if expected == "DRF032" and self._splits_anchor(key, path, line):
+            expected = "DRF030"
+        text = self._lines(path)[line - 1]
+        new = (f"{_indent(text)}_afd_mutation = 1",)
+        return Mutation("change_body", key, path, expected, line, line - 1, new)
+
+    def _splits_anchor(self, key: str, path: str, line: int) -> bool:
+        """Whether a line inserted before ``line`` lands between the statements an edit of the
+        fork ``key`` anchors on: then the anchor no longer matches (a lost anchor, not a re-base)."""
+        tree = ast.parse(self.text(path))
+        for entry in self.lock["classes"].values():
+            for member in entry["members"].values():
+                if member.get("upstream") != key:
+                    continue
+                for anchor in member.get("anchors", {}).values():
+                    count = _statement_count(anchor["anchor"])
+                    for start in anchor["lines"]:
+                        span = _statements_at(tree, start, count)
+                        if span is not None and span[0] < line <= span[1]:
+                            return True
+        return False
 
     def _delete_anchor(self, used: bool) -> Mutation | None:
-        anchor = self._anchor()
-        if anchor is None:
+        """Replace the statement(s) an edit anchors on with ``pass``."""
+        found = self._anchored()
+        if found is None:
             return None
-        key, path, line = anchor
-        lines = self._lines(path)
-        stop = _statement_end(lines, line)
-        return Mutation(
-            "delete_anchor", key, path, True, line, stop, (f"{_indent(lines[line - 1])}pass",)
-        )
+        symbol, path, start, stop = found
+        indent = _indent(self._lines(path)[start - 1])
+        return Mutation("delete_anchor", symbol, path, "DRF030", start, stop, (f"{indent}pass",))
 
     def _duplicate_anchor(self, used: bool) -> Mutation | None:
-        anchor = self._anchor()
-        if anchor is None:
+        """Repeat the statement(s) an edit anchors on."""
+        found = self._anchored()
+        if found is None:
             return None
-        key, path, line = anchor
-        lines = self._lines(path)
-        block = lines[line - 1 : _statement_end(lines, line)]
-        return Mutation(
-            "duplicate_anchor", key, path, True, line, line + len(block) - 1, tuple(block + block)
-        )
+        symbol, path, start, stop = found
+        block = tuple(self._lines(path)[start - 1 : stop])
+        return Mutation("duplicate_anchor", symbol, path, "DRF031", start, stop, block + block)
 
-    def _anchor(self) -> tuple[str, str, int] | None:
+    def _anchored(self) -> tuple[str, str, int, int] | None:
+        """A fork's anchor that matched once: its symbol, file and the lines of the statements it
+        matched (an expression anchor: the statement it is in)."""
         anchors = []
         for class_key, entry in self.lock["classes"].items():
             for name, member in entry["members"].items():
@@ -237,13 +385,50 @@ class Mutator:
                     if len(anchor["lines"]) == 1 and member.get("upstream"):
                         symbol = self.lock["symbols"][member["upstream"]]
                         anchors.append(
-                            (f"{class_key}.{name}#{edit_id}", symbol["file"], anchor["lines"][0])
+                            (
+                                f"{class_key}.{name}#{edit_id}",
+                                symbol["file"],
+                                anchor["lines"][0],
+                                anchor["anchor"],
+                            )
                         )
-        return self.rng.choice(sorted(anchors)) if anchors else None
+        if not anchors:
+            return None
+        symbol, path, line, pattern = self.rng.choice(sorted(anchors))
+        span = _statements_at(ast.parse(self.text(path)), line, _statement_count(pattern))
+        return (symbol, path, *span) if span else None
+
+    def _break_contract(self, used: bool) -> Mutation | None:
+        """Replace the statement(s) where a relied-on method's contract matched with ``pass``."""
+        contracts = {}
+        for entry in self.lock["classes"].values():
+            for method, stated in (entry.get("relies_on") or {}).items():
+                key = entry["inherited"].get(method)
+                for contract_id, recorded in stated.items():
+                    if key is not None and recorded.get("lines"):
+                        contracts[f"{key}#{contract_id}"] = (key, recorded)
+        if not contracts:
+            return None
+        symbol = self.rng.choice(sorted(contracts))
+        key, recorded = contracts[symbol]
+        path = self.lock["symbols"][key]["file"]
+        line = self.rng.choice(recorded["lines"])
+        span = _statements_at(
+            ast.parse(self.text(path)), line, _statement_count(recorded["pattern"])
+        )
+        if span is None:
+            return None
+        start, stop = span
+        # a contract declared to hold in several places still holds in the others
+        elsewhere = any(not start <= other <= stop for other in recorded["lines"])
+        expected = "DRF071" if elsewhere else "DRF070"
+        indent = _indent(self._lines(path)[start - 1])
+        return Mutation("break_contract", symbol, path, expected, start, stop, (f"{indent}pass",))
 
     # --- class operators ------------------------------------------------------------
 
     def _shadow_extend(self, used: bool) -> Mutation | None:
+        """Define a method named like one of our ``extend``s in the upstream base class."""
         extends = []
         for entry in self.lock["classes"].values():
             for name, member in entry["members"].items():
@@ -253,15 +438,16 @@ class Mutator:
             return None
         base, name = self.rng.choice(sorted(extends))
         symbol = self.lock["symbols"][base]
-        lines = self._lines(symbol["file"])
-        line = symbol["line"]
-        body_indent = next(_indent(text) for text in lines[line:] if text.strip())
-        method = (f"{body_indent}def {name}(self):", f"{body_indent}    return None", "")
+        node = self._class(symbol["file"], symbol["line"])
+        line = _first_line(node.body[0])
+        indent = _indent(self._lines(symbol["file"])[node.body[0].lineno - 1])
+        method = (f"{indent}def {name}(self):", f"{indent}    return None", "")
         return Mutation(
-            "shadow_extend", f"{base}.{name}", symbol["file"], True, line + 1, line, method
+            "shadow_extend", f"{base}.{name}", symbol["file"], "DRF040", line, line - 1, method
         )
 
     def _change_base(self, used: bool) -> Mutation | None:
+        """Replace the bases of an upstream class we derive from with ``object``."""
         bases = sorted(
             k
             for k, v in self.lock["symbols"].items()
@@ -271,20 +457,19 @@ class Mutator:
             return None
         key = self.rng.choice(bases)
         entry = self.lock["symbols"][key]
-        lines = self._lines(entry["file"])
-        line = lines[entry["line"] - 1]
-        if "(" not in line or not line.rstrip().endswith(":"):
-            return None
-        name = key.split(":")[1]
-        return Mutation(
-            "change_base",
-            key,
-            entry["file"],
-            True,
-            entry["line"],
-            entry["line"],
-            (f"{_indent(line)}class {name}(object):",),
-        )
+        node = self._class(entry["file"], entry["line"])
+        start, stop = node.lineno, _first_line(node.body[0]) - 1
+        if stop < start:
+            return None  # a one-line class
+        indent = _indent(self._lines(entry["file"])[start - 1])
+        header = (f"{indent}class {node.name}(object):",)
+        return Mutation("change_base", key, entry["file"], "DRF041", start, stop, header)
+
+    def _class(self, path: str, line: int) -> ast.ClassDef:
+        for node in ast.walk(ast.parse(self.text(path))):
+            if isinstance(node, ast.ClassDef) and node.lineno == line:
+                return node
+        raise LookupError(f"no class at {path}:{line}")
 
 
 OPERATORS = (
@@ -294,11 +479,12 @@ OPERATORS = (
     "change_body",
     "delete_anchor",
     "duplicate_anchor",
+    "break_contract",
     "shadow_extend",
     "change_base",
 )
-#: operators that also make sense on symbols the overlay does not use (expected: no finding)
-UNUSED_OPERATORS = ("rename_param", "change_default", "change_body")
+#: operators that also make sense on symbols the lock does not record (expected: no finding)
+UNUSED_OPERATORS = ("rename_param", "change_default", "drop_param", "change_body")
 
 
 def apply(mutation: Mutation, source_root: Path, work: Path) -> Path:
@@ -313,57 +499,85 @@ def apply(mutation: Mutation, source_root: Path, work: Path) -> Path:
         ignore=shutil.ignore_patterns("__pycache__", "*.so"),
     )
     target = tree / mutation.path
-    lines = target.read_text().splitlines()
-    lines[mutation.start - 1 : mutation.stop] = list(mutation.lines)
+    text = mutation.apply(target.read_text())
     target.unlink()
-    target.write_text("\n".join(lines) + "\n")
+    target.write_text(text)
     return tree
 
 
-def run(count: int, seed: int, progress: Callable[[str], None] = lambda _: None) -> list[Outcome]:
+def _random_picks(rng: random.Random) -> Iterator[tuple[str, bool]]:
+    """Rounds of every operator on a recorded symbol and every unrecorded one, each round
+    shuffled, so that every operator gets about as many mutations."""
+    pairs = [(op, True) for op in OPERATORS] + [(op, False) for op in UNUSED_OPERATORS]
+    while True:
+        rng.shuffle(pairs)
+        yield from pairs
+
+
+def run(
+    count: int,
+    seed: int,
+    progress: Callable[[str], None] = lambda _: None,
+    plan: Sequence[tuple[str, bool]] = (),
+) -> list[Outcome]:
+    """``count`` random mutations, each checked by one drift run; or, with ``plan``, one mutation
+    per (operator, whether the symbol is recorded)."""
     context = open_context(REPO_ROOT, quiet=True)
     generation, _ = generate(context)
     rng = random.Random(seed)
     mutator = Mutator(context, generation.lock, rng)
+    picks = iter(plan) if plan else _random_picks(rng)
+    wanted = len(plan) if plan else count
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="afd-mutations-") as tmp:
-        attempts = 0
-        while len(outcomes) < count and attempts < count * 20:
-            attempts += 1
-            used = rng.random() < 0.8
-            operator = rng.choice(OPERATORS if used else UNUSED_OPERATORS)
-            mutation = mutator.make(operator, used)
+        for attempt, (operator, used) in enumerate(picks):
+            if len(outcomes) == wanted or attempt == wanted * 5:
+                break
+            mutation = mutator.draw(operator, used)
             if mutation is None:
+                if plan:
+                    raise LookupError(f"found no valid {operator} mutation")
                 continue
             tree = apply(mutation, context.sources["vllm"].root, Path(tmp))
-            try:
-                ast.parse((tree / mutation.path).read_text())
-            except SyntaxError:
-                continue  # the edit broke the file; not a meaningful mutation
             result = run_drift(REPO_ROOT, context.versions["vllm"], to_root=tree)
-            codes = tuple(sorted({f.code for f in result.findings}))
-            outcomes.append(Outcome(mutation, codes))
+            outcome = Outcome(mutation, tuple(sorted({f.code for f in result.findings})))
+            outcomes.append(outcome)
             progress(
-                f"{len(outcomes):3d} {mutation.operator:16} {'used' if mutation.used else 'unused':6} {mutation.symbol} -> {', '.join(codes) or 'nothing'}"
+                f"{len(outcomes):3d} {operator:16} {mutation.symbol} "
+                f"expected {mutation.expected or 'nothing'}, got {', '.join(outcome.codes) or 'nothing'}"
+                + ("" if outcome.correct else "  MISS")
             )
     return outcomes
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Counts by recorded / unrecorded and by operator, the score, and every miss."""
     used = [o for o in outcomes if o.mutation.used]
     unused = [o for o in outcomes if not o.mutation.used]
     by_operator: dict[str, list[int]] = {}
     for outcome in outcomes:
-        by_operator.setdefault(outcome.mutation.operator, [0, 0])
-        by_operator[outcome.mutation.operator][0] += outcome.correct
-        by_operator[outcome.mutation.operator][1] += 1
+        name = outcome.mutation.operator + ("" if outcome.mutation.used else " (unrecorded)")
+        tally = by_operator.setdefault(name, [0, 0])
+        tally[0] += outcome.correct
+        tally[1] += 1
     return {
         "mutations": len(outcomes),
         "used_detected": f"{sum(o.correct for o in used)}/{len(used)}",
         "unused_silent": f"{sum(o.correct for o in unused)}/{len(unused)}",
         "score": sum(o.correct for o in outcomes) / len(outcomes) if outcomes else 0.0,
         "by_operator": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_operator.items())},
-        "misses": [asdict(o.mutation) | {"codes": o.codes} for o in outcomes if not o.correct],
+        "misses": [
+            {
+                "operator": o.mutation.operator,
+                "symbol": o.mutation.symbol,
+                "path": o.mutation.path,
+                "line": o.mutation.start,
+                "expected": o.mutation.expected or "nothing",
+                "codes": list(o.codes),
+            }
+            for o in outcomes
+            if not o.correct
+        ],
     }
 
 

@@ -192,3 +192,32 @@ def test_removal_without_successor_still_blocks(upstream_copy: Path, tmp_path: P
         "external-router-on-gate-placement",
     }
     assert not by_code(findings, "DRF003")
+
+
+# --- members of imported classes a forked body calls are recorded -------------------------------
+
+
+def test_class_member_a_fork_calls_is_recorded(upstream_copy: Path, tmp_path: Path) -> None:
+    """The forked MoE ``__init__`` calls ``rocm_aiter_ops.is_fused_moe_enabled()``: a new required
+    parameter there is reported, and its removal blocks."""
+    method = "    def is_fused_moe_enabled(cls) -> bool:\n"
+    called = "vllm._aiter_ops:rocm_aiter_ops.is_fused_moe_enabled"
+    changed = drift(
+        upstream_copy,
+        tmp_path / "signature",
+        {
+            "vllm/_aiter_ops.py": _once(
+                method, "    def is_fused_moe_enabled(cls, device) -> bool:\n"
+            )
+        },
+    )
+    assert ("DRF022", "review", called) in alarms(changed)
+    removed = drift(
+        upstream_copy,
+        tmp_path / "removed",
+        {"vllm/_aiter_ops.py": _once(method, "    def fused_moe_enabled(cls) -> bool:\n")},
+    )
+    assert any(
+        code in ("DRF001", "DRF003") and s == called and sev == "block"
+        for code, sev, s in alarms(removed)
+    )
