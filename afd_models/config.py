@@ -5,18 +5,31 @@
 Every bad value is an :class:`AFDConfigError` naming the key, the value and what is allowed,
 raised before any model or process group is built. Unknown keys are errors. Connector-specific
 settings live under ``connector_extra_config`` and are checked against the chosen connector's
-closed schema.
+closed schema. Combinations are checked here too, naming both keys: the connector against the
+role, ``num_attention_ranks`` against ``num_ffn_ranks`` (the rule of
+:func:`afd_models.topology.check_topology`) and ``port`` against ``num_ffn_ranks`` (FFN rank k
+listens on ``port + k``).
 """
 
 from __future__ import annotations
 
 import enum
-import math
+import ipaddress
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from afd_models.topology import MAX_PORT, TopologyError, check_ports, check_topology
+
 AFD_KEY = "afd"
+
+#: the longest timeout a setting may ask for (one year): far below what ``datetime.timedelta``,
+#: ``select`` and the gloo/TCPStore millisecond timeouts can hold
+MAX_TIMEOUT_S = 365 * 24 * 3600.0
+
+#: one label of an RFC 1123 host name: letters, digits and inner hyphens, 1 to 63 characters
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 class AFDConfigError(ValueError):
@@ -50,6 +63,8 @@ CONNECTORS: dict[str, type] = {
     "GlooAFDConnector": GlooExtraConfig,
     "LoopbackAFDConnector": LoopbackExtraConfig,
 }
+#: connectors that run the FFN half inside the Attention engine: refused for the FFN role
+ATTENTION_ONLY_CONNECTORS: frozenset[str] = frozenset({"LoopbackAFDConnector"})
 
 
 @dataclass(frozen=True)
@@ -60,11 +75,13 @@ class AFDConfig:
     role: Role
     #: connector class name, a key of CONNECTORS
     connector: str = "GlooAFDConnector"
-    #: address the connector's rendezvous listens on (FFN rank 0 hosts it)
+    #: address the connector's rendezvous listens on (FFN rank k hosts group k's): an IP
+    #: literal or an RFC 1123 host name
     host: str = "127.0.0.1"
-    #: rendezvous port; the connector also uses the ports just above it
+    #: rendezvous port of FFN rank 0; FFN rank k uses port + k, so port + num_ffn_ranks - 1 <= 65535
     port: int = 29650
-    #: Attention workers in the deployment (DP x TP of the Attention engines)
+    #: Attention workers in the deployment (DP x TP of the Attention engines); any number >=
+    #: num_ffn_ranks, Attention rank a being served by FFN rank a * num_ffn_ranks // num_attention_ranks
     num_attention_ranks: int = 1
     #: FFN workers in the deployment
     num_ffn_ranks: int = 1
@@ -108,21 +125,42 @@ def _boolean(key: str, value: object) -> bool:
     return value
 
 
-def _text(key: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: a non-empty string")
-    return value
+def _is_host_name(value: str) -> bool:
+    """An RFC 1123 host name (at most 253 characters of dot-separated labels), not all-numeric
+    at the end, so a malformed IPv4 address such as ``256.1.1.1`` is not taken for a name."""
+    labels = value.split(".")
+    return (
+        len(value) <= 253
+        and all(_HOST_LABEL.fullmatch(label) for label in labels)
+        and not labels[-1].isdigit()
+    )
+
+
+def _host(key: str, value: object) -> str:
+    if isinstance(value, str):
+        try:
+            ipaddress.ip_address(value)
+            return value
+        except ValueError:
+            if _is_host_name(value):
+                return value
+    raise AFDConfigError(
+        f"{_where(key)}={value!r} is not allowed; allowed: an IPv4 or IPv6 address "
+        "(127.0.0.1, ::1) or an RFC 1123 host name (localhost, ffn-0.cluster.local)"
+    )
 
 
 def _seconds(key: str, value: object) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
+        # a range test, not math.isfinite: it refuses NaN and infinities, and an integer too
+        # large for a float cannot overflow it
+        or not 0 < value <= MAX_TIMEOUT_S
     ):
         raise AFDConfigError(
-            f"{_where(key)}={value!r} is not allowed; allowed: a number of seconds > 0"
+            f"{_where(key)}={value!r} is not allowed; allowed: a finite number of seconds > 0 "
+            f"and <= {MAX_TIMEOUT_S:.0f} (one year)"
         )
     return float(value)
 
@@ -187,11 +225,18 @@ def parse_afd_config(section: object) -> AFDConfig:
     connector = _choice(
         "connector", section.get("connector", AFDConfig.connector), tuple(CONNECTORS)
     )
+    if role is Role.FFN and connector in ATTENTION_ONLY_CONNECTORS:
+        allowed = ", ".join(c for c in CONNECTORS if c not in ATTENTION_ONLY_CONNECTORS)
+        raise AFDConfigError(
+            f"{_where('connector')}={connector!r} with {_where('role')}='ffn' is not allowed: this "
+            f"connector runs the FFN half inside the Attention engine, so no FFN engine is started "
+            f"with it; allowed for role ffn: {allowed}"
+        )
     config = AFDConfig(
         role=role,
         connector=connector,
-        host=_text("host", section.get("host", AFDConfig.host)),
-        port=_integer("port", section.get("port", AFDConfig.port), 1, 65535),
+        host=_host("host", section.get("host", AFDConfig.host)),
+        port=_integer("port", section.get("port", AFDConfig.port), 1, MAX_PORT),
         num_attention_ranks=_integer(
             "num_attention_ranks", section.get("num_attention_ranks", 1), 1, 4096
         ),
@@ -201,12 +246,21 @@ def parse_afd_config(section: object) -> AFDConfig:
         ),
         connector_extra_config=_extra(connector, section.get("connector_extra_config", {})),
     )
-    a, f = config.num_attention_ranks, config.num_ffn_ranks
-    if a < f or a % f:
+    a, f, port = config.num_attention_ranks, config.num_ffn_ranks, config.port
+    try:
+        check_topology(a, f)
+    except TopologyError as exc:
         raise AFDConfigError(
             f"{_where('num_attention_ranks')}={a} with {_where('num_ffn_ranks')}={f} is not allowed; "
-            "allowed: num_attention_ranks >= num_ffn_ranks and a multiple of it (e.g. 2A1F, 4A2F)"
-        )
+            "allowed: num_attention_ranks >= num_ffn_ranks, divisible or not (e.g. 2A1F, 3A2F, 4A2F)"
+        ) from exc
+    try:
+        check_ports(port, f)
+    except TopologyError as exc:
+        raise AFDConfigError(
+            f"{_where('port')}={port} with {_where('num_ffn_ranks')}={f} is not allowed: FFN rank k "
+            f"hosts its group on port + k, up to {port + f - 1}; allowed: port <= {MAX_PORT + 1 - f}"
+        ) from exc
     return config
 
 

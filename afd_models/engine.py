@@ -7,7 +7,9 @@
   vLLM's classes;
 * MLA cannot run on the CPU platform: say ``VLLM_MLA_DISABLE=1`` instead of failing deep inside;
 * engine flags the AFD runtime cannot serve are refused here, each naming its flag
-  (:func:`refuse_unsupported`), instead of failing after the weights are loaded;
+  (:func:`refuse_unsupported`), instead of failing after the weights are loaded: among them
+  ``--tensor-parallel-size`` > 1 on both roles, until FFN TP partners get identical tokens (the
+  loopback connector on the FFN role is refused earlier, when the AFD section is parsed);
 * the Attention worker's config copy lists the exchange op in ``compilation_config.splitting_ops``,
   so vLLM's piecewise compilation splits the graph at every exchange;
 * the FFN worker runs eagerly (it calls its layers per step, never the compiled forward) and
@@ -125,7 +127,18 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
         raise AFDConfigError(
             f"--pipeline-parallel-size={parallel.pipeline_parallel_size} is not supported with AFD "
             f"({role} role): the AFD split already takes the pipeline's place; allowed: 1. Scale with "
-            "--tensor-parallel-size / --data-parallel-size and additional_config.afd.num_*_ranks"
+            "--data-parallel-size or more engines, and additional_config.afd.num_*_ranks"
+        )
+    if parallel.tensor_parallel_size > 1:
+        # Role ranks are numbered over DP x TP (afd_models.topology.role_rank), so FFN TP partners
+        # would get different Attention ranks' tokens although their outputs are all-reduced, and
+        # Attention TP partners would each send the same tokens. Refused until de-duplication lands.
+        raise AFDConfigError(
+            f"--tensor-parallel-size={parallel.tensor_parallel_size} is not supported with AFD yet "
+            f"({role} role): FFN TP partners must compute on identical tokens, but AFD numbers ranks "
+            "over DP x TP, so they would be given different Attention ranks' tokens, and Attention "
+            "TP partners would each send the same tokens; allowed: 1. Scale with separate engines "
+            "or --data-parallel-size, and additional_config.afd.num_attention_ranks / num_ffn_ranks"
         )
     if parallel.enable_dbo or parallel.ubatch_size > 1:
         raise AFDConfigError(
@@ -155,11 +168,6 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
         raise AFDConfigError(
             "the FFN role holds no KV cache, so vLLM's scheduler needs prefix caching off: "
             "add --no-enable-prefix-caching to the FFN engine"
-        )
-    if afd.is_ffn and afd.connector == "LoopbackAFDConnector":
-        raise AFDConfigError(
-            "additional_config.afd.connector='LoopbackAFDConnector' runs the FFN half inside the Attention "
-            "engine; do not start an FFN engine with it (allowed for the FFN role: GlooAFDConnector)"
         )
     mode_name = vllm_config.compilation_config.cudagraph_mode.name
     if (

@@ -18,8 +18,10 @@ import torch
 from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 
+from afd_models.config import Role, require_afd_config
 from afd_models.connectors.base import AFDConnectionError, FFNConnector, StepHeader
 from afd_models.log import get_logger
+from afd_models.topology import Group, TopologyError, ffn_token_counts
 
 logger = get_logger(__name__)
 
@@ -30,15 +32,41 @@ class FFNModel(Protocol):
     ) -> torch.Tensor: ...
 
 
-def check_headers(headers: Sequence[StepHeader], hidden_size: int, dtype: torch.dtype) -> int:
-    """Total tokens of a step; raises if a peer sends a shape or dtype this model cannot take."""
+def check_headers(
+    headers: Sequence[StepHeader],
+    group: Group,
+    *,
+    num_attention_ranks: int,
+    num_ffn_ranks: int,
+    hidden_size: int,
+    dtype: torch.dtype,
+) -> int:
+    """Tokens this FFN rank computes on in a step: its peers' counts (``headers``, one per peer in
+    group order) summed by :func:`afd_models.topology.ffn_token_counts`.
+
+    Raises:
+        AFDConnectionError: a peer sends a shape or dtype this model cannot take, or the headers
+            are not one per peer of ``group``.
+    """
     for header in headers:
         if header.hidden_size != hidden_size or header.dtype != dtype:
             raise AFDConnectionError(
                 f"an Attention peer sends hidden size {header.hidden_size} {header.dtype}, "
                 f"this FFN model takes {hidden_size} {dtype}: are both roles serving the same checkpoint and --dtype?"
             )
-    return sum(h.num_tokens for h in headers)
+    if len(headers) != len(group.attention_ranks):
+        raise AFDConnectionError(
+            f"FFN rank {group.ffn_rank} got {len(headers)} step headers for its "
+            f"{len(group.attention_ranks)} attention peers {list(group.attention_ranks)}"
+        )
+    counts = {rank: h.num_tokens for rank, h in zip(group.attention_ranks, headers, strict=True)}
+    totals = ffn_token_counts(counts, num_attention_ranks, num_ffn_ranks)
+    if list(totals) != [group.ffn_rank]:
+        raise TopologyError(
+            f"attention ranks {list(group.attention_ranks)} are not the peers of FFN rank "
+            f"{group.ffn_rank} in {num_attention_ranks}A{num_ffn_ranks}F"
+        )
+    return totals[group.ffn_rank]
 
 
 def serve_step(
@@ -87,6 +115,9 @@ class FFNServer:
         self.layers = list(model.ffn_layer_indices())
         self.hidden_size = hidden_size
         self.dtype = dtype
+        afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
+        self.num_attention_ranks, self.num_ffn_ranks = afd.num_attention_ranks, afd.num_ffn_ranks
+        self.group = connector.group  # its peers, in the order of their step headers
         self.on_failure = on_failure
         self.steps = 0
         self.error: BaseException | None = None
@@ -103,7 +134,14 @@ class FFNServer:
                 headers = self.connector.wait_step(self._stop)
                 if headers is None:
                     break
-                tokens = check_headers(headers, self.hidden_size, self.dtype)
+                tokens = check_headers(
+                    headers,
+                    self.group,
+                    num_attention_ranks=self.num_attention_ranks,
+                    num_ffn_ranks=self.num_ffn_ranks,
+                    hidden_size=self.hidden_size,
+                    dtype=self.dtype,
+                )
                 serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
                 self.steps += 1
         except BaseException as exc:  # kept and reported; the thread must not die silently

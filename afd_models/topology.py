@@ -1,16 +1,24 @@
-"""Which worker talks to which: role ranks, FFN-first layout, per-FFN token accounting.
+"""Which worker talks to which: role ranks, FFN-first groups, per-FFN token counts.
 
-Pure functions, no vLLM: every rule is unit-tested over a grid of topologies.
+Pure functions, no vLLM: every rule is unit-tested over a grid of topologies, and the live code
+calls these functions (the connector factory for groups, the FFN server for token counts).
 
-* A worker's **role rank** is its index among the workers of its role:
-  ``(dp_rank * tp_size) + tp_rank`` (PP is not supported by AFD).
-* With A Attention and F FFN workers (A >= F, A % F == 0) each FFN rank ``k`` serves the
-  ``A / F`` consecutive Attention ranks ``k * A/F ... (k + 1) * A/F - 1``. Each such group is one
-  connector process group, FFN first: the FFN worker is group rank 0, its Attention peers follow
-  in role-rank order. Group ``k`` meets at ``port + k``.
-* FFN-side token counts: an FFN rank computes on the concatenation of its peers' tokens, so the
-  counts vLLM sees on the FFN side are summed per FFN rank (4A2F with [3, 5, 7, 11] -> [8, 18]),
-  while the raw per-Attention counts size each transfer.
+* A worker's **role rank** is its index among the workers of its role, numbered over DP x TP:
+  ``dp_rank * tp_size + tp_rank`` (:func:`role_rank`; PP is not supported by AFD). The engines
+  refuse ``--tensor-parallel-size`` > 1 for now (:func:`afd_models.engine.refuse_unsupported`), so
+  today a role rank is a DP rank.
+* With A Attention and F FFN ranks, any A >= F >= 1 (divisible or not), Attention rank ``a`` is
+  served by FFN rank ``a * F // A`` (:func:`ffn_rank_of_attention`, the public AFD plugin's rule).
+  FFN rank ``k`` serves the Attention ranks ``ceil(k*A/F) ... ceil((k+1)*A/F) - 1``: contiguous,
+  never empty (``A/F >= 1``, so the bounds grow by at least 1 per FFN rank) and of sizes
+  ``floor(A/F)`` or ``ceil(A/F)``. 2A1F: [0, 1]; 3A2F: [0, 1], [2]; 4A2F: [0, 1], [2, 3];
+  5A2F: [0, 1, 2], [3, 4].
+* Each such group is one connector process group, FFN first: the FFN worker is group rank 0, its
+  Attention peers follow in role-rank order. Group ``k`` meets at ``port + k``.
+* An FFN rank computes on the concatenation of its peers' tokens, so its step's token count is
+  the sum over its own peers (:func:`ffn_token_counts`: 4A2F with [3, 5, 7, 11] -> [8, 18], 3A2F
+  with [3, 5, 7] -> [8, 7]), while each peer's own count sizes that peer's rows
+  (:func:`peer_slices`).
 """
 
 from __future__ import annotations
@@ -18,29 +26,51 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+#: the highest TCP port
+MAX_PORT = 65535
+
 
 class TopologyError(ValueError):
     """An impossible rank layout; the message names the numbers involved."""
 
 
-def check_ratio(num_attention_ranks: int, num_ffn_ranks: int) -> int:
-    """Attention ranks per FFN rank; raises unless A >= F >= 1 and A % F == 0."""
+def check_topology(num_attention_ranks: int, num_ffn_ranks: int) -> None:
+    """Raise unless ``num_attention_ranks >= num_ffn_ranks >= 1`` (any ratio, divisible or not)."""
     a, f = num_attention_ranks, num_ffn_ranks
-    if f < 1 or a < f or a % f:
+    if f < 1 or a < f:
         raise TopologyError(
             f"num_attention_ranks={a}, num_ffn_ranks={f}: need num_attention_ranks >= num_ffn_ranks >= 1 "
-            "and num_attention_ranks a multiple of num_ffn_ranks"
+            "(every FFN rank needs at least one Attention rank)"
         )
-    return a // f
+
+
+def check_ports(base_port: int, num_ffn_ranks: int) -> None:
+    """Raise unless the ports ``base_port ... base_port + num_ffn_ranks - 1`` all exist."""
+    last = base_port + num_ffn_ranks - 1
+    if base_port < 1 or last > MAX_PORT:
+        raise TopologyError(
+            f"port={base_port} with {num_ffn_ranks} FFN ranks needs ports {base_port}..{last}; "
+            f"allowed: 1..{MAX_PORT}"
+        )
 
 
 def role_rank(dp_rank: int, tp_rank: int, tp_size: int) -> int:
-    """Index of a worker among the workers of its role."""
+    """Index of a worker among the workers of its role: DP rank major, TP rank minor."""
     if tp_size < 1 or not 0 <= tp_rank < tp_size or dp_rank < 0:
         raise TopologyError(
             f"dp_rank={dp_rank}, tp_rank={tp_rank}, tp_size={tp_size} is not a valid worker position"
         )
     return dp_rank * tp_size + tp_rank
+
+
+def ffn_rank_of_attention(attention_rank: int, num_attention_ranks: int, num_ffn_ranks: int) -> int:
+    """The FFN rank serving ``attention_rank``: ``attention_rank * F // A``."""
+    check_topology(num_attention_ranks, num_ffn_ranks)
+    if not 0 <= attention_rank < num_attention_ranks:
+        raise TopologyError(
+            f"attention role rank {attention_rank} is outside 0..{num_attention_ranks - 1}"
+        )
+    return attention_rank * num_ffn_ranks // num_attention_ranks
 
 
 @dataclass(frozen=True)
@@ -62,28 +92,29 @@ class Group:
         return 1 + self.attention_ranks.index(attention_rank)
 
 
+def _members(num_attention_ranks: int, num_ffn_ranks: int) -> list[tuple[int, ...]]:
+    """Attention ranks of each FFN rank, by :func:`ffn_rank_of_attention` (role-rank order)."""
+    members: list[list[int]] = [[] for _ in range(num_ffn_ranks)]
+    for rank in range(num_attention_ranks):
+        members[ffn_rank_of_attention(rank, num_attention_ranks, num_ffn_ranks)].append(rank)
+    return [tuple(ranks) for ranks in members]
+
+
 def groups(num_attention_ranks: int, num_ffn_ranks: int, base_port: int) -> list[Group]:
-    """Every connector group of the deployment, FFN first."""
-    ratio = check_ratio(num_attention_ranks, num_ffn_ranks)
-    if base_port + num_ffn_ranks - 1 > 65535:
-        raise TopologyError(
-            f"port={base_port} with {num_ffn_ranks} FFN ranks needs ports up to {base_port + num_ffn_ranks - 1} > 65535"
-        )
+    """Every connector group of the deployment, FFN first, group ``k`` at ``base_port + k``."""
+    check_topology(num_attention_ranks, num_ffn_ranks)
+    check_ports(base_port, num_ffn_ranks)
     return [
-        Group(k, tuple(range(k * ratio, (k + 1) * ratio)), base_port + k)
-        for k in range(num_ffn_ranks)
+        Group(k, ranks, base_port + k)
+        for k, ranks in enumerate(_members(num_attention_ranks, num_ffn_ranks))
     ]
 
 
 def group_of_attention(
     attention_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int
 ) -> Group:
-    if not 0 <= attention_rank < num_attention_ranks:
-        raise TopologyError(
-            f"attention role rank {attention_rank} is outside 0..{num_attention_ranks - 1}"
-        )
-    ratio = check_ratio(num_attention_ranks, num_ffn_ranks)
-    return groups(num_attention_ranks, num_ffn_ranks, base_port)[attention_rank // ratio]
+    ffn_rank = ffn_rank_of_attention(attention_rank, num_attention_ranks, num_ffn_ranks)
+    return groups(num_attention_ranks, num_ffn_ranks, base_port)[ffn_rank]
 
 
 def group_of_ffn(
@@ -94,19 +125,40 @@ def group_of_ffn(
     return groups(num_attention_ranks, num_ffn_ranks, base_port)[ffn_rank]
 
 
-def expand_dp_counts(counts_per_dp: Sequence[int], tp_size: int) -> list[int]:
-    """Per-DP token counts -> per-Attention-worker counts (every TP rank carries its DP rank's tokens)."""
-    if tp_size < 1:
-        raise TopologyError(f"tp_size={tp_size} must be >= 1")
-    return [count for count in counts_per_dp for _ in range(tp_size)]
+def ffn_token_counts(
+    counts: Mapping[int, int], num_attention_ranks: int, num_ffn_ranks: int
+) -> dict[int, int]:
+    """FFN rank -> tokens it computes on in a step: the sum of its Attention peers' counts.
 
+    ``counts`` maps Attention role ranks to their step's token counts and must hold whole groups:
+    the FFN server passes its own peers' counts and gets its own entry back; a caller holding
+    every rank's count gets every FFN rank's.
 
-def ffn_token_counts(counts_per_attention: Sequence[int], num_ffn_ranks: int) -> list[int]:
-    """Tokens each FFN rank computes on: the sum over its Attention peers."""
-    ratio = check_ratio(len(counts_per_attention), num_ffn_ranks)
-    if any(c < 0 for c in counts_per_attention):
-        raise TopologyError(f"token counts must be >= 0, got {list(counts_per_attention)}")
-    return [sum(counts_per_attention[k * ratio : (k + 1) * ratio]) for k in range(num_ffn_ranks)]
+    Raises:
+        TopologyError: a rank outside the deployment, a negative count, or a group only partly
+            present in ``counts``.
+    """
+    check_topology(num_attention_ranks, num_ffn_ranks)
+    outside = sorted(r for r in counts if not 0 <= r < num_attention_ranks)
+    if outside:
+        raise TopologyError(
+            f"token counts for attention role ranks {outside}, outside 0..{num_attention_ranks - 1}"
+        )
+    negative = {r: c for r, c in sorted(counts.items()) if c < 0}
+    if negative:
+        raise TopologyError(f"token counts must be >= 0, got {negative}")
+    totals: dict[int, int] = {}
+    for ffn_rank, members in enumerate(_members(num_attention_ranks, num_ffn_ranks)):
+        present = [r for r in members if r in counts]
+        if not present:
+            continue
+        if len(present) != len(members):
+            raise TopologyError(
+                f"FFN rank {ffn_rank} of {num_attention_ranks}A{num_ffn_ranks}F serves attention "
+                f"ranks {list(members)}, but token counts came for {present} only"
+            )
+        totals[ffn_rank] = sum(counts[r] for r in members)
+    return totals
 
 
 def peer_slices(

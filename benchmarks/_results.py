@@ -16,12 +16,12 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace the ``name`` section of docs/benchmarks.md (created if missing) with ``body``."""
+def write_section(name: str, body: str, command: str | None = None) -> None:
+    """Replace the ``name`` section of docs/benchmarks.md (created if missing) with ``body``,
+    stamped with the ``command`` that measured it (default ``python benchmarks/<name>.py``)."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    stamp = (
-        f"_Measured {time.strftime('%Y-%m-%d')} on {machine()} by `python benchmarks/{name}.py`._"
-    )
+    command = command or f"python benchmarks/{name}.py"
+    stamp = f"_Measured {time.strftime('%Y-%m-%d')} on {machine()} by `{command}`._"
     block = f"{start}\n{stamp}\n\n{body.strip()}\n{end}"
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if start in text:

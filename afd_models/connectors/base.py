@@ -16,16 +16,26 @@ so the FFN side can size its buffers. The FFN side serves steps in a loop::
 
 Every wait is bounded: a peer that stops answering raises :class:`AFDConnectionError` within
 the configured timeout, never a hang.
+
+Before any step, each Attention peer presents a :class:`Fingerprint` of its engine (topology,
+gate placement, remote layers, hidden size, dtype, model identity, project version); the FFN
+side compares it with its own (:func:`compare_fingerprints`) and refuses a peer that differs, so
+mismatched engines fail at connect time, naming the field and both values.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
+
+from afd_models.topology import Group
 
 #: dtypes a step may carry, by wire code
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -80,6 +90,144 @@ class StepHeader:
     @staticmethod
     def empty() -> torch.Tensor:
         return torch.zeros(7, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What two engines must agree on before they exchange a step; sent once, at connect time.
+
+    On the wire: a 4-byte big-endian length, then a JSON object of the fields plus a format tag.
+    """
+
+    #: the sender's role rank (Attention or FFN), the only field that is not compared
+    role_rank: int
+    #: ``num_attention_ranks`` of the sender's AFD config
+    num_attention_ranks: int
+    #: ``num_ffn_ranks`` of the sender's AFD config
+    num_ffn_ranks: int
+    #: ``compute_gate_on_attention`` of the sender's AFD config
+    compute_gate_on_attention: bool
+    #: the remote layers, in forward order (Attention: its proxies; FFN: the layers it computes)
+    layers: tuple[int, ...]
+    #: hidden size of the model
+    hidden_size: int
+    #: dtype the model runs in, as torch names it without the prefix (``bfloat16``)
+    dtype: str
+    #: which model the engine serves (:func:`afd_models.connectors.factory.model_identity`)
+    model: str
+    #: version of vllm-afd-overlay the sender runs
+    version: str
+
+    #: format tag: a peer without it, or with another value, is not a peer of this format
+    FORMAT = "afd-fingerprint/1"
+    LENGTH = struct.Struct("!I")
+    #: the most bytes a fingerprint may announce (a real one is well under 4 KiB)
+    MAX_BYTES = 1 << 20
+
+    @staticmethod
+    def bare(role_rank: int) -> Fingerprint:
+        """A fingerprint with no engine behind it (benchmarks and tests that move raw tensors);
+        it matches only another bare one."""
+        return Fingerprint(role_rank, 0, 0, False, (), 0, "", "", "")
+
+    def encode(self) -> bytes:
+        payload = json.dumps(
+            {"format": self.FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}},
+            sort_keys=True,
+        ).encode()
+        return self.LENGTH.pack(len(payload)) + payload
+
+    @classmethod
+    def decode(cls, data: bytes) -> Fingerprint:
+        """The fingerprint in ``data`` (length prefix included).
+
+        Raises:
+            AFDConnectionError: ``data`` is not a fingerprint of this format, saying what is wrong.
+        """
+        if len(data) < cls.LENGTH.size:
+            raise _malformed(f"{len(data)} bytes, shorter than its length prefix")
+        (length,) = cls.LENGTH.unpack_from(data)
+        if length > cls.MAX_BYTES:
+            raise _malformed(f"announces {length} bytes, more than the {cls.MAX_BYTES} allowed")
+        if length != len(data) - cls.LENGTH.size:
+            raise _malformed(f"announces {length} bytes, carries {len(data) - cls.LENGTH.size}")
+        try:
+            values = json.loads(data[cls.LENGTH.size :].decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _malformed(f"not JSON ({exc})") from None
+        if not isinstance(values, dict) or values.get("format") != cls.FORMAT:
+            found = values.get("format") if isinstance(values, dict) else None
+            raise _malformed(f"format {found!r}, expected {cls.FORMAT!r}", values)
+        expected = {f.name for f in fields(cls)} | {"format"}
+        if set(values) != expected:
+            raise _malformed(
+                f"fields {sorted(set(values) - {'format'})}, expected {sorted(expected - {'format'})}",
+                values,
+            )
+        problems = [
+            f"{name}={values[name]!r} is not {kind}"
+            for name, (kind, valid) in _FIELD_TYPES.items()
+            if not valid(values[name])
+        ]
+        if problems:
+            raise _malformed("; ".join(problems), values)
+        values.pop("format")
+        values["layers"] = tuple(values["layers"])
+        return cls(**values)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: field -> (what it must be, check), for :meth:`Fingerprint.decode`
+_FIELD_TYPES = {
+    "role_rank": ("an integer", _is_int),
+    "num_attention_ranks": ("an integer", _is_int),
+    "num_ffn_ranks": ("an integer", _is_int),
+    "compute_gate_on_attention": ("true or false", lambda v: isinstance(v, bool)),
+    "layers": ("a list of integers", lambda v: isinstance(v, list) and all(map(_is_int, v))),
+    "hidden_size": ("an integer", _is_int),
+    "dtype": ("a string", lambda v: isinstance(v, str)),
+    "model": ("a string", lambda v: isinstance(v, str)),
+    "version": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _malformed(what: str, values: Any = None) -> AFDConnectionError:
+    version = values.get("version") if isinstance(values, dict) else None
+    runs = f"; it says it runs vllm-afd-overlay {version}" if isinstance(version, str) else ""
+    return AFDConnectionError(
+        f"received a malformed fingerprint: {what}{runs} (is the peer an AFD connector of the "
+        "same vllm-afd-overlay version? versions before the connect handshake send none)"
+    )
+
+
+def _render(value: object) -> str:
+    """A fingerprint value as a mismatch message shows it (layers as ranges: ``0-3,5``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        runs: list[list[int]] = []
+        for layer in value:
+            if runs and layer == runs[-1][-1] + 1:
+                runs[-1].append(layer)
+            else:
+                runs.append([layer])
+        text = ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+        return f"[{text}]"
+    return str(value) if value != "" else "(none)"
+
+
+def compare_fingerprints(attention: Fingerprint, ffn: Fingerprint) -> list[str]:
+    """Every field (but the role rank) on which an Attention peer and its FFN worker differ,
+    one line each: ``num_ffn_ranks: attention rank 1 has 2, the FFN rank 0 has 1``."""
+    return [
+        f"{f.name}: attention rank {attention.role_rank} has {_render(getattr(attention, f.name))}, "
+        f"the FFN rank {ffn.role_rank} has {_render(getattr(ffn, f.name))}"
+        for f in fields(Fingerprint)
+        if f.name != "role_rank" and getattr(attention, f.name) != getattr(ffn, f.name)
+    ]
 
 
 @dataclass
@@ -182,6 +330,9 @@ class AFDConnector(ABC):
 
 class FFNConnector(ABC):
     """FFN side of the transport: receives steps from one or more Attention peers."""
+
+    #: this FFN rank and its Attention peers, in the order ``wait_step`` returns their headers
+    group: Group
 
     @abstractmethod
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:

@@ -1,12 +1,27 @@
-"""Create the connector an AFD worker needs, from its config and its place in the topology."""
+"""Create the connector an AFD worker needs, from its config, its place in the topology and its
+loaded model (whose :class:`~afd_models.connectors.base.Fingerprint` the connector presents)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
+from collections.abc import Callable
+
+from torch import nn
 from vllm.config import VllmConfig
 
-from afd_models.config import AFDConfigError, Role, require_afd_config
-from afd_models.connectors.base import AFDConnector, FFNConnector
+from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
+from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
 from afd_models.topology import TopologyError, group_of_attention, group_of_ffn, role_rank
+
+#: the distribution whose version the fingerprint carries
+DISTRIBUTION = "vllm-afd-overlay"
+#: keys of the model's config that say where or with what it was read, not what the model is
+_UNIDENTIFYING_KEYS = ("_name_or_path", "transformers_version")
+
+#: the Attention worker's connect step, called with the loaded model
+AttentionConnect = Callable[[nn.Module], AFDConnector]
 
 
 def worker_role_rank(vllm_config: VllmConfig, tp_rank: int) -> int:
@@ -26,25 +41,94 @@ def worker_role_rank(vllm_config: VllmConfig, tp_rank: int) -> int:
     return rank
 
 
-def connect_attention(vllm_config: VllmConfig, tp_rank: int) -> AFDConnector:
-    """The Attention worker's connector; blocks until its FFN peer joins (bounded by the connect timeout)."""
+def project_version() -> str:
+    """The installed version of vllm-afd-overlay (``unknown`` when run from an uninstalled tree)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def model_identity(vllm_config: VllmConfig) -> str:
+    """Which model an engine serves: its architecture and a digest of its config.
+
+    The digest covers every key of the model's config (minus where and with which transformers
+    it was read) and the quantization, so two engines given the same checkpoint agree whatever
+    path each reads it from, while a different checkpoint shape, routing setting or quantization
+    differs. It is cheap and reads no weights: two checkpoints with identical configs but
+    different weights (two fine-tunes of one base) share it.
+    """
+    model_config = vllm_config.model_config
+    described = {
+        key: value
+        for key, value in model_config.hf_config.to_dict().items()
+        if key not in _UNIDENTIFYING_KEYS
+    }
+    described["quantization"] = model_config.quantization
+    digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode())
+    architectures = getattr(model_config.hf_config, "architectures", None) or ["?"]
+    return f"{','.join(architectures)} config-sha256:{digest.hexdigest()[:16]}"
+
+
+def fingerprint(
+    vllm_config: VllmConfig, afd: AFDConfig, rank: int, layers: list[int]
+) -> Fingerprint:
+    """The fingerprint a worker of role rank ``rank`` presents at connect time."""
+    model_config = vllm_config.model_config
+    return Fingerprint(
+        role_rank=rank,
+        num_attention_ranks=afd.num_attention_ranks,
+        num_ffn_ranks=afd.num_ffn_ranks,
+        compute_gate_on_attention=afd.compute_gate_on_attention,
+        layers=tuple(layers),
+        hidden_size=model_config.get_hidden_size(),
+        dtype=str(model_config.dtype).removeprefix("torch."),
+        model=model_identity(vllm_config),
+        version=project_version(),
+    )
+
+
+def prepare_attention(vllm_config: VllmConfig, tp_rank: int) -> AttentionConnect:
+    """The Attention worker's connect step; call before the model is built, then call the result
+    with the loaded model.
+
+    Before the model: the rank is checked against the topology (config errors come before any
+    weight is read), and a loopback connector builds its in-process FFN model (which must exist
+    before the Attention model). With the model: a gloo connector presents the model's remote
+    layers in its fingerprint and blocks until its FFN peer accepts it (bounded by the connect
+    timeout; a mismatch fails within ``timeout_s``).
+    """
     afd = require_afd_config(vllm_config.additional_config, role=Role.ATTENTION)
     if afd.connector == "LoopbackAFDConnector":
         from afd_models.connectors.loopback import LoopbackConnector
 
-        return LoopbackConnector.with_ffn_model(vllm_config)
+        loopback = LoopbackConnector.with_ffn_model(vllm_config)
+        return lambda _model: loopback
     from afd_models.connectors.gloo import GlooAttentionConnector
+    from afd_models.models.remote import remote_layers
 
     rank = worker_role_rank(vllm_config, tp_rank)
     try:
         group = group_of_attention(rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port)
     except TopologyError as exc:
         raise AFDConfigError(str(exc)) from exc
-    return GlooAttentionConnector(afd.host, group, rank, afd.connector_extra_config)
+
+    def connect(model: nn.Module) -> AFDConnector:
+        layers = [proxy.layer_idx for proxy in remote_layers(model)]
+        return GlooAttentionConnector(
+            afd.host,
+            group,
+            rank,
+            afd.connector_extra_config,
+            fingerprint(vllm_config, afd, rank, layers),
+        )
+
+    return connect
 
 
-def connect_ffn(vllm_config: VllmConfig, tp_rank: int) -> FFNConnector:
-    """The FFN worker's connector; hosts its group and waits for the Attention peers.
+def connect_ffn(vllm_config: VllmConfig, tp_rank: int, model: nn.Module) -> FFNConnector:
+    """The FFN worker's connector for its loaded ``model``; hosts its group and waits for the
+    Attention peers, refusing any whose fingerprint differs from its own.
 
     (A loopback connector never gets here: the FFN worker refuses it at start-up.)
     """
@@ -53,4 +137,7 @@ def connect_ffn(vllm_config: VllmConfig, tp_rank: int) -> FFNConnector:
 
     rank = worker_role_rank(vllm_config, tp_rank)
     group = group_of_ffn(rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port)
-    return GlooFFNConnector(afd.host, group, afd.connector_extra_config)
+    layers = list(model.ffn_layer_indices())
+    return GlooFFNConnector(
+        afd.host, group, afd.connector_extra_config, fingerprint(vllm_config, afd, rank, layers)
+    )

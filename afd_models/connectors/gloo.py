@@ -6,17 +6,27 @@ may start first: the store accepts the peers for ``connect_timeout_s``. The grou
 vLLM's stateless gloo helper on a public ``TCPStore``, so it never touches either engine's own
 torch.distributed world.
 
+Connecting is a handshake before the group forms. Each Attention peer opens a plain TCP "step
+channel" to the FFN worker (its port travels through the store) and sends its group rank and its
+:class:`~afd_models.connectors.base.Fingerprint`. The FFN worker answers at once: accepted, or
+refused with the reason (a field on which the engines differ, naming both values; a group rank
+another peer already holds; a malformed fingerprint), and a refusal ends the connect on both
+sides within ``timeout_s``. Once every peer is accepted the FFN worker tells them all to form the
+gloo group; if it gives up first, it tells the peers it had accepted why. The group forms only
+between engines that agree, so a mismatch never waits out ``connect_timeout_s``. A constructor
+that fails closes whatever it had opened (store, sockets, process group) before it raises.
+
 Per step each Attention peer sends a :class:`StepHeader`, followed by the step's first layer,
-over a plain TCP connection to the FFN worker (its port travels through the store). The FFN side
-waits for steps there, not in gloo, because a pending gloo receive cannot be woken: only a socket
-wait lets a stop end the idle FFN loop, and it sees a vanished peer at once. The first layer rides
-with the header because gloo moves data only once the receiver has posted its receive, and the FFN
-side can post it only after reading the header: by gloo that layer would take three hops instead of
-one. Every later layer goes over gloo, where the FFN side has already posted its receive: hidden
-states (and router logits) as raw bytes, tagged with the layer so that a mismatch in layer order
-times out loudly instead of mixing layers; the FFN side answers each peer with its rows by gloo.
-Bytes round-trip every dtype bit for bit. Every transfer waits at most ``timeout_s``; the FFN side
-waits for the next step up to ``idle_timeout_s``.
+over its step channel. The FFN side waits for steps there, not in gloo, because a pending gloo
+receive cannot be woken: only a socket wait lets a stop end the idle FFN loop, and it sees a
+vanished peer at once. The first layer rides with the header because gloo moves data only once
+the receiver has posted its receive, and the FFN side can post it only after reading the header:
+by gloo that layer would take three hops instead of one. Every later layer goes over gloo, where
+the FFN side has already posted its receive: hidden states (and router logits) as raw bytes,
+tagged with the layer so that a mismatch in layer order times out loudly instead of mixing
+layers; the FFN side answers each peer with its rows by gloo. Bytes round-trip every dtype bit for
+bit. Every transfer waits at most ``timeout_s``; the FFN side waits for the next step up to
+``idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -33,7 +43,14 @@ from torch.distributed import PrefixStore, ProcessGroup, TCPStore, Work
 from vllm.distributed.utils import init_gloo_process_group
 
 from afd_models.config import GlooExtraConfig
-from afd_models.connectors.base import AFDConnectionError, AFDConnector, FFNConnector, StepHeader
+from afd_models.connectors.base import (
+    AFDConnectionError,
+    AFDConnector,
+    FFNConnector,
+    Fingerprint,
+    StepHeader,
+    compare_fingerprints,
+)
 from afd_models.log import get_logger
 from afd_models.topology import Group, peer_slices
 
@@ -42,6 +59,16 @@ logger = get_logger(__name__)
 #: store key under which the FFN worker publishes the port of its step-header listener
 STEPS_KEY = "step-channel-port"
 _RANK = struct.Struct("!q")
+#: an FFN worker's answer on a step channel during the handshake: a kind, then a UTF-8 text
+_ANSWER = struct.Struct("!cI")
+#: the peer is accepted (no text)
+ACCEPTED = b"A"
+#: the peer is refused; the text says why
+REFUSED = b"R"
+#: every peer is accepted: form the gloo group (no text)
+READY = b"G"
+#: the FFN worker gave up after accepting this peer; the text says why
+GAVE_UP = b"X"
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -52,17 +79,58 @@ def _layer_tag(layer_idx: int, logits: bool = False) -> int:
     return 2 * layer_idx + (1 if logits else 0)
 
 
+def _answer(channel: socket.socket, kind: bytes, text: str = "") -> None:
+    data = text.encode()
+    channel.sendall(_ANSWER.pack(kind, len(data)) + data)
+
+
+def _tell(channel: socket.socket, kind: bytes, text: str) -> None:
+    """Best effort: a peer that is already gone cannot be told."""
+    try:
+        _answer(channel, kind, text)
+    except OSError:
+        pass
+
+
+def _read_answer(channel: socket.socket) -> tuple[bytes, str]:
+    head = bytearray(_ANSWER.size)
+    read_into(channel, memoryview(head))
+    kind, length = _ANSWER.unpack(head)
+    if kind not in (ACCEPTED, REFUSED, READY, GAVE_UP) or length > Fingerprint.MAX_BYTES:
+        raise AFDConnectionError(
+            f"received a malformed handshake answer {bytes(head)!r} (is the FFN side an AFD "
+            "connector of the same vllm-afd-overlay version?)"
+        )
+    text = bytearray(length)
+    read_into(channel, memoryview(text))
+    return kind, text.decode(errors="replace")
+
+
+def _read_fingerprint(channel: socket.socket) -> Fingerprint:
+    prefix = bytearray(Fingerprint.LENGTH.size)
+    read_into(channel, memoryview(prefix))
+    (length,) = Fingerprint.LENGTH.unpack(prefix)
+    if length > Fingerprint.MAX_BYTES:  # not read: decode names the announced length
+        return Fingerprint.decode(bytes(prefix))
+    payload = bytearray(length)
+    read_into(channel, memoryview(payload))
+    return Fingerprint.decode(bytes(prefix + payload))
+
+
 class _GlooGroup:
-    """The rendezvous store and process group of one connector group; every transfer waits at
-    most ``timeout_s``."""
+    """The rendezvous store and, once formed, the process group of one connector group; every
+    transfer waits at most ``timeout_s``."""
 
     def __init__(self, host: str, group: Group, group_rank: int, extra: GlooExtraConfig, role: str):
         self.host = host
         self.where = f"{host}:{group.port}"
         self.group = group
         self.group_rank = group_rank
+        self.role = role
         self.timeout = timedelta(seconds=extra.timeout_s)
-        started = time.monotonic()
+        self.connect_timeout_s = extra.connect_timeout_s
+        self.started = time.monotonic()
+        self.pg: ProcessGroup | None = None
         logger.info(
             "AFD gloo %s: %s group %d at %s, waiting up to %.0f s for %d peer(s)",
             role,
@@ -72,29 +140,40 @@ class _GlooGroup:
             extra.connect_timeout_s,
             group.size - 1,
         )
+        # Nobody waits for a worker count here: the engines agree on the group size only once
+        # the handshake has compared their fingerprints.
         try:
             self.store: TCPStore | None = TCPStore(
                 host,
                 group.port,
-                world_size=group.size,
                 is_master=group_rank == 0,
                 timeout=timedelta(seconds=extra.connect_timeout_s),
-                wait_for_workers=True,
-            )
-            self.pg: ProcessGroup | None = init_gloo_process_group(
-                PrefixStore("afd", self.store), group_rank, group.size, self.timeout
+                wait_for_workers=False,
             )
         except (RuntimeError, OSError) as exc:
-            raise AFDConnectionError(
-                f"AFD gloo {role}: no connector group at {self.where} within {extra.connect_timeout_s:.0f} s "
-                f"(is the other role running with the same host/port?): {exc}"
-            ) from exc
+            raise self._no_group(exc) from None
+
+    def _no_group(self, exc: BaseException) -> AFDConnectionError:
+        return AFDConnectionError(
+            f"AFD gloo {self.role}: no connector group at {self.where} within "
+            f"{self.connect_timeout_s:.0f} s (is the other role running with the same host/port?): {exc}"
+        )
+
+    def form(self) -> None:
+        """Form the process group (every member calls this once the handshake accepted them all)."""
+        assert self.store is not None, "formed during construction only"
+        try:
+            self.pg = init_gloo_process_group(
+                PrefixStore("afd", self.store), self.group_rank, self.group.size, self.timeout
+            )
+        except (RuntimeError, OSError) as exc:
+            raise self._no_group(exc) from None
         logger.info(
             "AFD gloo %s: group %d at %s ready in %.1f s",
-            role,
-            group.ffn_rank,
+            self.role,
+            self.group.ffn_rank,
             self.where,
-            time.monotonic() - started,
+            time.monotonic() - self.started,
         )
 
     def publish_step_port(self, port: int) -> None:
@@ -105,7 +184,10 @@ class _GlooGroup:
     def step_port(self) -> int:
         """Attention side: the FFN worker's step-header port (waits up to ``connect_timeout_s``)."""
         assert self.store is not None, "looked up during construction only"
-        return int(self.store.get(STEPS_KEY))
+        try:
+            return int(self.store.get(STEPS_KEY))
+        except (RuntimeError, OSError) as exc:
+            raise self._no_group(exc) from None
 
     @property
     def live(self) -> ProcessGroup:
@@ -139,7 +221,8 @@ class _GlooGroup:
             ) from exc
 
     def close(self) -> None:
-        """Abort pending transfers and release sockets and ports."""
+        """Abort pending transfers and release sockets and ports (the store's with its last
+        reference); safe to call twice."""
         pg, self.pg = self.pg, None
         if pg is not None:
             try:
@@ -153,32 +236,88 @@ class GlooAttentionConnector(AFDConnector):
     """Attention side: one worker, talking to the FFN rank of its group (group rank 0).
 
     The receive of a layer's output is posted before its activations are sent, so the answer can
-    land as soon as the FFN side sends it.
+    land as soon as the FFN side sends it. ``fingerprint`` describes this worker's engine (see
+    :func:`afd_models.connectors.factory.fingerprint`); without one the connector presents a
+    bare fingerprint, which only a bare FFN connector accepts (benchmarks, tests).
     """
 
-    def __init__(self, host: str, group: Group, attention_rank: int, extra: GlooExtraConfig):
+    def __init__(
+        self,
+        host: str,
+        group: Group,
+        attention_rank: int,
+        extra: GlooExtraConfig,
+        fingerprint: Fingerprint | None = None,
+    ):
         super().__init__()
+        self._pending: dict[int, tuple[torch.Tensor, Work]] = {}
+        self._header: StepHeader | None = None
+        self._steps: socket.socket | None = None
+        self.fingerprint = fingerprint or Fingerprint.bare(attention_rank)
         self._group = _GlooGroup(
             host, group, group.group_rank_of_attention(attention_rank), extra, "attention"
         )
-        self._pending: dict[int, tuple[torch.Tensor, Work]] = {}
-        self._header: StepHeader | None = None
-        self._steps = self._connect_step_channel(extra)
+        try:
+            self._steps = self._connect_step_channel(extra)
+            self._group.form()
+        except BaseException:
+            self.close()
+            raise
 
     def _connect_step_channel(self, extra: GlooExtraConfig) -> socket.socket:
-        where = self._group.where
+        """Open the step channel and pass the handshake; the channel is closed if either fails."""
+        where, rank = self._group.where, self.fingerprint.role_rank
+        port = self._group.step_port()
         try:
-            channel = socket.create_connection(
-                (self._group.host, self._group.step_port()), extra.connect_timeout_s
-            )
-            channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            channel.settimeout(extra.timeout_s)
-            channel.sendall(_RANK.pack(self._group.group_rank))
-        except (RuntimeError, OSError, ValueError) as exc:
+            channel = socket.create_connection((self._group.host, port), extra.connect_timeout_s)
+        except OSError as exc:
             raise AFDConnectionError(
                 f"AFD gloo attention: no step channel from the FFN worker at {where}: {exc}"
-            ) from exc
+            ) from None
+        try:
+            channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            channel.settimeout(extra.timeout_s)
+            channel.sendall(_RANK.pack(self._group.group_rank) + self.fingerprint.encode())
+            kind, text = self._answer(channel, where, f"within {extra.timeout_s:.0f} s")
+            if kind == REFUSED:
+                raise AFDConnectionError(
+                    f"AFD gloo attention: the FFN worker at {where} refused attention rank {rank}: {text}"
+                )
+            if kind != ACCEPTED:
+                raise AFDConnectionError(
+                    f"AFD gloo attention: the FFN worker at {where} answered {kind!r} to the "
+                    "fingerprint, expected accepted or refused"
+                )
+            # accepted: wait for the other peers of the group, as long as connecting may take
+            channel.settimeout(extra.connect_timeout_s)
+            kind, text = self._answer(
+                channel, where, f"(every peer of the group) within {extra.connect_timeout_s:.0f} s"
+            )
+            if kind != READY:
+                raise AFDConnectionError(
+                    f"AFD gloo attention: the FFN worker at {where} gave up before the group "
+                    f"formed: {text or repr(kind)}"
+                )
+            channel.settimeout(extra.timeout_s)
+        except BaseException:
+            channel.close()
+            raise
         return channel
+
+    @staticmethod
+    def _answer(channel: socket.socket, where: str, within: str) -> tuple[bytes, str]:
+        try:
+            return _read_answer(channel)
+        except TimeoutError:
+            raise AFDConnectionError(
+                f"AFD gloo attention: the FFN worker at {where} did not answer the handshake "
+                f"{within} (is it an AFD FFN worker of the same vllm-afd-overlay version?)"
+            ) from None
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo attention: the FFN worker at {where} closed the step channel during "
+                f"the handshake: {exc}"
+            ) from None
 
     def _send_header(self, header: StepHeader) -> None:
         self._header = header  # leaves with the step's first layer
@@ -193,7 +332,7 @@ class GlooAttentionConnector(AFDConnector):
             tensors = [hidden_states] if router_logits is None else [hidden_states, router_logits]
             message = b"".join([header.encode().numpy(), *(_as_bytes(t).numpy() for t in tensors)])
             try:
-                self._steps.sendall(message)
+                self._live_steps.sendall(message)
             except OSError as exc:
                 raise AFDConnectionError(
                     f"AFD gloo connector at {self._group.where}: step {header.step} failed "
@@ -208,54 +347,160 @@ class GlooAttentionConnector(AFDConnector):
             logits = self._group.post_send(router_logits, 0, _layer_tag(layer_idx, logits=True))
             self._group.wait(logits, f"send of layer {layer_idx} logits")
 
+    @property
+    def _live_steps(self) -> socket.socket:
+        if self._steps is None:
+            raise AFDConnectionError(f"AFD gloo connector at {self._group.where} is closed")
+        return self._steps
+
     def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
         out, work = self._pending.pop(layer_idx)
         self._group.wait(work, f"receive of layer {layer_idx}")
         return out
 
     def close(self) -> None:
-        self._steps.close()
+        if self._steps is not None:
+            self._steps.close()
         self._group.close()
 
 
 class GlooFFNConnector(FFNConnector):
-    """FFN side: group rank 0, serving the Attention peers of its group."""
+    """FFN side: group rank 0, serving the Attention peers of its group.
 
-    def __init__(self, host: str, group: Group, extra: GlooExtraConfig):
-        self._group = _GlooGroup(host, group, 0, extra, "ffn")
+    Each peer must present a fingerprint equal to ``fingerprint`` in every field but the role
+    rank (a bare one when not given, as :class:`GlooAttentionConnector` presents).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        group: Group,
+        extra: GlooExtraConfig,
+        fingerprint: Fingerprint | None = None,
+    ):
+        self.group = group
         self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
+        self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
         self._first_layer = False
-        # a stop writes to this pair to wake a wait_step blocked in select()
-        self._wake_reader, self._wake_writer = socket.socketpair()
-        self._channels = self._accept_step_channels(host, extra)
+        self._channels: list[socket.socket] = []
+        self._group = _GlooGroup(host, group, 0, extra, "ffn")
+        try:
+            # a stop writes to this pair to wake a wait_step blocked in select()
+            self._wake_reader, self._wake_writer = socket.socketpair()
+        except BaseException:
+            self._group.close()
+            raise
+        try:
+            self._channels = self._accept_step_channels(host, extra)
+            self._group.form()
+        except BaseException:
+            self.close()
+            raise
 
     def _accept_step_channels(self, host: str, extra: GlooExtraConfig) -> list[socket.socket]:
-        """One TCP connection per Attention peer, in peer order."""
+        """One TCP connection per Attention peer, in peer order, each past the handshake; on
+        failure every channel is closed, and the peers accepted so far are told why."""
         channels: dict[int, socket.socket] = {}
-        with socket.create_server((host, 0)) as listener:
-            self._group.publish_step_port(listener.getsockname()[1])
-            listener.settimeout(extra.connect_timeout_s)
-            try:
+        try:
+            with socket.create_server((host, 0)) as listener:
+                self._group.publish_step_port(listener.getsockname()[1])
+                listener.settimeout(extra.connect_timeout_s)
                 while len(channels) < len(self.peers):
-                    channel, _ = listener.accept()
-                    channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    channel.settimeout(extra.timeout_s)
-                    rank_bytes = bytearray(_RANK.size)
-                    _read_into(channel, memoryview(rank_bytes))
-                    (rank,) = _RANK.unpack(rank_bytes)
+                    try:
+                        channel, _ = listener.accept()
+                    except OSError as exc:
+                        raise AFDConnectionError(
+                            f"AFD gloo ffn: Attention peers {sorted(set(self.peers) - set(channels))} did "
+                            f"not open their step channel within {extra.connect_timeout_s:.0f} s: {exc}"
+                        ) from None
+                    try:
+                        rank = self._admit(channel, channels, extra)
+                    except BaseException:
+                        channel.close()
+                        raise
                     channels[rank] = channel
-            except OSError as exc:
-                raise AFDConnectionError(
-                    f"AFD gloo ffn: Attention peers {sorted(set(self.peers) - set(channels))} did "
-                    f"not open their step channel within {extra.connect_timeout_s:.0f} s: {exc}"
-                ) from exc
-        if sorted(channels) != self.peers:
-            raise AFDConnectionError(
-                f"AFD gloo ffn: step channels from ranks {sorted(channels)}, expected {self.peers}"
-            )
+            for rank, channel in channels.items():
+                try:
+                    _answer(channel, READY)
+                except OSError as exc:
+                    raise AFDConnectionError(
+                        f"AFD gloo ffn: the Attention peer of group rank {rank} at "
+                        f"{self._group.where} left before the group formed: {exc}"
+                    ) from None
+        except BaseException as exc:
+            for channel in channels.values():
+                _tell(channel, GAVE_UP, str(exc) or type(exc).__name__)
+                channel.close()
+            raise
         return [channels[peer] for peer in self.peers]
+
+    def _admit(
+        self, channel: socket.socket, channels: dict[int, socket.socket], extra: GlooExtraConfig
+    ) -> int:
+        """Read a peer's group rank and fingerprint and accept it, or refuse it (telling it why)
+        and raise."""
+        where = self._group.where
+        channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        channel.settimeout(extra.timeout_s)
+        rank_bytes = bytearray(_RANK.size)
+        try:
+            read_into(channel, memoryview(rank_bytes))
+            (rank,) = _RANK.unpack(rank_bytes)
+            theirs = _read_fingerprint(channel)
+        except AFDConnectionError as exc:  # malformed: say so to the peer too
+            _tell(channel, REFUSED, str(exc))
+            raise AFDConnectionError(
+                f"AFD gloo ffn: a peer of group {self._group.group.ffn_rank} at {where}: {exc}"
+            ) from None
+        except TimeoutError:
+            raise AFDConnectionError(
+                f"AFD gloo ffn: a peer at {where} sent no group rank and fingerprint within "
+                f"{extra.timeout_s:.0f} s (an AFD version without the connect handshake, or not an AFD peer?)"
+            ) from None
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo ffn: a peer at {where} left during the handshake: {exc}"
+            ) from None
+        reason = self._refusal(rank, theirs, channels)
+        if reason is not None:
+            _tell(channel, REFUSED, reason)
+            raise AFDConnectionError(
+                f"AFD gloo ffn: refused attention rank {theirs.role_rank} at {where}: {reason}"
+            )
+        try:
+            _answer(channel, ACCEPTED)
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"AFD gloo ffn: attention rank {theirs.role_rank} left during the handshake at {where}: {exc}"
+            ) from None
+        return rank
+
+    def _refusal(
+        self, rank: int, theirs: Fingerprint, channels: dict[int, socket.socket]
+    ) -> str | None:
+        """Why a peer with group rank ``rank`` and fingerprint ``theirs`` cannot join, or None."""
+        mismatches = compare_fingerprints(theirs, self.fingerprint)
+        if mismatches:
+            return "; ".join(mismatches)
+        group = self._group.group
+        if theirs.role_rank not in group.attention_ranks:
+            return (
+                f"attention rank {theirs.role_rank} is not served by the FFN rank {group.ffn_rank} "
+                f"(it serves attention ranks {list(group.attention_ranks)})"
+            )
+        if rank != group.group_rank_of_attention(theirs.role_rank):
+            return (
+                f"attention rank {theirs.role_rank} claims group rank {rank}, but its group rank "
+                f"is {group.group_rank_of_attention(theirs.role_rank)}"
+            )
+        if rank in channels:
+            return (
+                f"attention rank {theirs.role_rank} is already connected: two Attention workers "
+                "claim the same rank (give each Attention engine its own ranks)"
+            )
+        return None
 
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
         deadline = time.monotonic() + self.idle_timeout_s
@@ -317,7 +562,7 @@ class GlooFFNConnector(FFNConnector):
 
     def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
         try:
-            _read_into(channel, memoryview(out.view(torch.uint8).numpy()))
+            read_into(channel, memoryview(out.view(torch.uint8).numpy()))
         except OSError as exc:
             raise AFDConnectionError(
                 f"AFD gloo connector at {self._group.where}: {what} failed: {exc}"
@@ -346,7 +591,7 @@ class GlooFFNConnector(FFNConnector):
         self._group.close()
 
 
-def _read_into(channel: socket.socket, buffer: memoryview) -> None:
+def read_into(channel: socket.socket, buffer: memoryview) -> None:
     """Fill ``buffer`` from ``channel``; a closed connection is an error, not a short read."""
     view = buffer.cast("B")
     filled = 0

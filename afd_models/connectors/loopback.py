@@ -65,12 +65,17 @@ class LoopbackConnector(AFDConnector):
     def with_ffn_model(cls, vllm_config: VllmConfig) -> LoopbackConnector:
         """Build the FFN-role model of this engine's checkpoint in-process and serve it directly.
 
-        Call before the Attention model is built: the FFN model gets a deep copy of the config,
-        made eager as an FFN worker's is (vLLM's eager kernels, whatever the Attention side's mode).
+        Call before the Attention model is built: the FFN model gets a deep copy of the config
+        (its AFD section in the FFN role, with the default connector), made eager as an FFN
+        worker's is (vLLM's eager kernels, whatever the Attention side's mode).
         """
         ffn_config = copy.deepcopy(vllm_config)
         section = dict(ffn_config.additional_config[AFD_KEY])
         section["role"] = "ffn"
+        # The in-process FFN model uses no connector; its section takes the default one, since
+        # an FFN section naming the loopback connector is refused.
+        section.pop("connector", None)
+        section.pop("connector_extra_config", None)
         ffn_config.additional_config = {**ffn_config.additional_config, AFD_KEY: section}
         ffn_config = eager_ffn_config(ffn_config)
         with set_current_vllm_config(ffn_config):

@@ -1,22 +1,32 @@
 """The real gloo connector between processes: a step with two Attention peers, an interruptible
-idle wait on the FFN side, and a vanished peer surfacing at once."""
+idle wait on the FFN side, a vanished peer surfacing at once, and the connect-time handshake
+(mismatched engines, duplicate ranks, malformed peers) failing both sides within seconds with
+nothing left open."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import multiprocessing
+import os
+import socket
 import threading
 import time
+from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from afd_models.config import GlooExtraConfig
-from afd_models.connectors.base import AFDConnectionError
-from afd_models.testing.serve import free_port
-from afd_models.topology import groups
+from afd_models.connectors.base import AFDConnectionError, Fingerprint
+from afd_models.testing.serve import free_port, port_is_free
+from afd_models.topology import Group, groups
 
 EXTRA = GlooExtraConfig(connect_timeout_s=60, timeout_s=30)
 LAYERS = [0, 2]
+#: a refused handshake must end well within both timeouts of EXTRA
+FAST_S = 10.0
 #: tokens per step sent by Attention ranks 0 and 1 (different, so the FFN side must split right)
 TOKENS = (3, 5)
 STEPS = 2
@@ -34,12 +44,50 @@ def _expected(hidden: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor
     return hidden if logits is None else hidden + logits.sum(-1, keepdim=True).to(hidden.dtype)
 
 
+def _fingerprint(
+    rank: int, num_attention_ranks: int = 2, num_ffn_ranks: int = 1, **changes: object
+) -> Fingerprint:
+    """The fingerprint of a worker of the test deployment (2A1F unless said), with ``changes``."""
+    engine = Fingerprint(
+        role_rank=rank,
+        num_attention_ranks=num_attention_ranks,
+        num_ffn_ranks=num_ffn_ranks,
+        compute_gate_on_attention=False,
+        layers=tuple(LAYERS),
+        hidden_size=16,
+        dtype="bfloat16",
+        model="AFDDeepseekV2ForCausalLM config-sha256:0123456789abcdef",
+        version="0.1.0",
+    )
+    return dataclasses.replace(engine, **changes)
+
+
+def _open_fds() -> set[tuple[int, str]]:
+    """This process's open file descriptors and what they point at (``socket:[...]``, ...)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found.add((int(name), os.readlink(f"/proc/self/fd/{name}")))
+        except FileNotFoundError:  # the directory listing's own descriptor, closed meanwhile
+            pass
+    return found
+
+
+def _fds_before() -> set[tuple[int, str]]:
+    """:func:`_open_fds`, once the descriptors exist that the process's first ``TCPStore`` server
+    opens for good (a pipe of torch's), so that only what a connector leaves open differs after."""
+    torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return _open_fds()
+
+
 def _attention_peer(
     rank: int, port: int, results: multiprocessing.Queue, release: multiprocessing.Event
 ) -> None:
     from afd_models.connectors.gloo import GlooAttentionConnector
 
-    connector = GlooAttentionConnector("127.0.0.1", groups(2, 1, port)[0], rank, EXTRA)
+    connector = GlooAttentionConnector(
+        "127.0.0.1", groups(2, 1, port)[0], rank, EXTRA, _fingerprint(rank)
+    )
     connector.set_layers(LAYERS)
     exact = True
     for step in range(STEPS):
@@ -65,7 +113,7 @@ def pair() -> tuple[object, list[multiprocessing.Process], multiprocessing.Queue
     ]
     for peer in peers:
         peer.start()
-    ffn = GlooFFNConnector("127.0.0.1", groups(2, 1, port)[0], EXTRA)
+    ffn = GlooFFNConnector("127.0.0.1", groups(2, 1, port)[0], EXTRA, _fingerprint(0))
     yield ffn, peers, results, release
     release.set()
     for peer in peers:
@@ -111,9 +159,11 @@ def test_gloo_step_interruptible_idle_and_vanished_peer(pair) -> None:
 
 
 def test_attention_without_ffn_fails_clearly() -> None:
+    """No FFN worker: the Attention side says where it looked, and leaves nothing open."""
     from afd_models.connectors.gloo import GlooAttentionConnector
 
     port = free_port()
+    fds = _fds_before()
     started = time.monotonic()
     with pytest.raises(
         AFDConnectionError, match=f"no connector group at 127.0.0.1:{port} within 2 s"
@@ -122,3 +172,288 @@ def test_attention_without_ffn_fails_clearly() -> None:
             "127.0.0.1", groups(1, 1, port)[0], 0, GlooExtraConfig(connect_timeout_s=2)
         )
     assert time.monotonic() - started < 10
+    assert _open_fds() - fds == set()
+
+
+def _connecting_peer(
+    rank: int,
+    group: Group,
+    fingerprint: Fingerprint,
+    ready: multiprocessing.Event,
+    results: multiprocessing.Queue,
+) -> None:
+    """An Attention worker that connects and reports: its rank, the outcome (``connected`` or the
+    error), how long the constructor took, and the descriptors it left open (counted while the
+    error and the frames its traceback holds are alive: only an explicit close counts)."""
+    from afd_models.connectors.gloo import GlooAttentionConnector
+
+    fds = _fds_before()
+    ready.set()
+    started = time.monotonic()
+    error: AFDConnectionError | None = None
+    try:
+        connector = GlooAttentionConnector("127.0.0.1", group, rank, EXTRA, fingerprint)
+    except AFDConnectionError as exc:
+        error = exc
+    else:
+        connector.close()
+    elapsed = time.monotonic() - started
+    outcome = "connected" if error is None else str(error)
+    results.put((rank, outcome, elapsed, sorted(_open_fds() - fds)))
+
+
+def _start_peers(
+    peers: list[tuple[int, Group, Fingerprint]],
+) -> tuple[list[multiprocessing.Process], multiprocessing.Queue]:
+    """Start one connecting peer per entry; return once every one is about to connect."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes, events = [], []
+    for rank, group, fingerprint in peers:
+        ready = context.Event()
+        process = context.Process(  # a daemon: a failed test does not leave it behind
+            target=_connecting_peer, args=(rank, group, fingerprint, ready, results), daemon=True
+        )
+        process.start()
+        processes.append(process)
+        events.append(ready)
+    for ready in events:
+        assert ready.wait(120), "a peer process did not start"
+    return processes, results
+
+
+def _ffn_refuses(group: Group, fingerprint: Fingerprint) -> tuple[str, float]:
+    """Construct the FFN side, which must fail; its error and how long it took. It must leave
+    no descriptor open and its rendezvous port free."""
+    from afd_models.connectors.gloo import GlooFFNConnector
+
+    fds = _fds_before()
+    started = time.monotonic()
+    with pytest.raises(AFDConnectionError) as failure:
+        GlooFFNConnector("127.0.0.1", group, EXTRA, fingerprint)
+    elapsed = time.monotonic() - started
+    assert _open_fds() - fds == set()
+    assert port_is_free(group.port)
+    return str(failure.value), elapsed
+
+
+def _outcomes(
+    processes: list[multiprocessing.Process], results: multiprocessing.Queue
+) -> list[tuple]:
+    outcomes = sorted(results.get(timeout=60) for _ in processes)
+    for process in processes:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+    return outcomes
+
+
+#: (FFN A, F), (Attention A, F, rank), fields the Attention engine has otherwise, the mismatch text
+MISMATCHES = {
+    "num_ffn_ranks": (
+        (4, 1),
+        (4, 2, 1),
+        {},
+        "num_ffn_ranks: attention rank 1 has 2, the FFN rank 0 has 1",
+    ),
+    "gate placement": (
+        (2, 1),
+        (2, 1, 1),
+        {"compute_gate_on_attention": True},
+        "compute_gate_on_attention: attention rank 1 has true, the FFN rank 0 has false",
+    ),
+    "hidden size and dtype": (
+        (2, 1),
+        (2, 1, 1),
+        {"hidden_size": 32, "dtype": "float16"},
+        "hidden_size: attention rank 1 has 32, the FFN rank 0 has 16; "
+        "dtype: attention rank 1 has float16, the FFN rank 0 has bfloat16",
+    ),
+    "layers": (
+        (2, 1),
+        (2, 1, 1),
+        {"layers": (0, 1, 2)},
+        "layers: attention rank 1 has [0-2], the FFN rank 0 has [0,2]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_mismatched_engines_fail_both_sides_at_once(case: str) -> None:
+    """An Attention engine that differs from its FFN worker is refused at connect time: both
+    sides fail within seconds (not the 60 s connect timeout, nor the 30 s transfer timeout),
+    both name the field and both values, and neither leaves a descriptor open."""
+    (ffn_a, ffn_f), (a, f, rank), changes, mismatch = MISMATCHES[case]
+    port = free_port()
+    attention_group = next(g for g in groups(a, f, port) if rank in g.attention_ranks)
+    processes, results = _start_peers(
+        [(rank, attention_group, _fingerprint(rank, a, f, **changes))]
+    )
+    error, elapsed = _ffn_refuses(groups(ffn_a, ffn_f, port)[0], _fingerprint(0, ffn_a, ffn_f))
+    assert error == f"AFD gloo ffn: refused attention rank {rank} at 127.0.0.1:{port}: {mismatch}"
+    assert elapsed < FAST_S
+    [(_, outcome, peer_elapsed, leaked)] = _outcomes(processes, results)
+    assert outcome == (
+        f"AFD gloo attention: the FFN worker at 127.0.0.1:{port} refused attention rank {rank}: {mismatch}"
+    )
+    assert peer_elapsed < FAST_S
+    assert leaked == []
+
+
+def test_duplicate_rank_is_refused() -> None:
+    """Two Attention workers claiming the same rank: the FFN side names the rank, the later one is
+    refused with the reason, the earlier one is told why the FFN side gave up; nobody overwrites
+    anybody, and nobody waits out a timeout."""
+    port = free_port()
+    group = groups(2, 1, port)[0]
+    processes, results = _start_peers([(0, group, _fingerprint(0)), (0, group, _fingerprint(0))])
+    error, elapsed = _ffn_refuses(group, _fingerprint(0))
+    duplicate = (
+        "attention rank 0 is already connected: two Attention workers claim the same rank "
+        "(give each Attention engine its own ranks)"
+    )
+    assert error == f"AFD gloo ffn: refused attention rank 0 at 127.0.0.1:{port}: {duplicate}"
+    assert elapsed < FAST_S
+    outcomes = _outcomes(processes, results)
+    where = f"the FFN worker at 127.0.0.1:{port}"
+    assert sorted(outcome for _, outcome, _, _ in outcomes) == [
+        f"AFD gloo attention: {where} gave up before the group formed: {error}",
+        f"AFD gloo attention: {where} refused attention rank 0: {duplicate}",
+    ]
+    assert all(peer_elapsed < FAST_S and leaked == [] for _, _, peer_elapsed, leaked in outcomes)
+
+
+def _raw_peer(port: int, sends: bytes, answer: dict[str, object]) -> None:
+    """A client that is not an AFD connector of this version: it finds the step channel, sends
+    ``sends`` and records what the FFN side answers."""
+    from afd_models.connectors.gloo import STEPS_KEY
+
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30)
+    )
+    with socket.create_connection(("127.0.0.1", int(store.get(STEPS_KEY))), 30) as channel:
+        channel.sendall(sends)
+        channel.settimeout(30)
+        answer["bytes"] = channel.recv(4096)
+
+
+def _rank_and(payload: bytes | None) -> bytes:
+    """Group rank 1, then ``payload`` framed as a fingerprint is (nothing when None)."""
+    rank = (1).to_bytes(8, "big")
+    return rank if payload is None else rank + len(payload).to_bytes(4, "big") + payload
+
+
+@pytest.mark.parametrize(
+    ("sends", "timeout_s", "expected"),
+    [
+        (
+            _rank_and(b"hello"),
+            30,
+            "received a malformed fingerprint: not JSON",
+        ),
+        (
+            _rank_and(b'{"format": "afd-fingerprint/0", "version": "0.0.9"}'),
+            30,
+            "received a malformed fingerprint: format 'afd-fingerprint/0', expected "
+            "'afd-fingerprint/1'; it says it runs vllm-afd-overlay 0.0.9",
+        ),
+        (
+            _rank_and(
+                None
+            ),  # an Attention worker of a version before the handshake sends its rank only
+            2,
+            "sent no group rank and fingerprint within 2 s (an AFD version without the connect handshake",
+        ),
+    ],
+    ids=["not-json", "other-format", "no-fingerprint"],
+)
+def test_peer_without_a_valid_fingerprint_is_refused(
+    sends: bytes, timeout_s: float, expected: str
+) -> None:
+    """A peer whose fingerprint is malformed or missing: the FFN side says so (and tells the peer
+    when it can), within ``timeout_s``, leaving nothing open."""
+    from afd_models.connectors.gloo import GlooFFNConnector
+
+    port = free_port()
+    group = groups(1, 1, port)[0]
+    answer: dict[str, object] = {}
+    client = threading.Thread(target=_raw_peer, args=(port, sends, answer))
+    client.start()
+    fds = _fds_before()
+    started = time.monotonic()
+    with pytest.raises(AFDConnectionError) as failure:
+        GlooFFNConnector("127.0.0.1", group, dataclasses.replace(EXTRA, timeout_s=timeout_s))
+    assert time.monotonic() - started < timeout_s + FAST_S
+    client.join(30)
+    assert expected in str(failure.value)
+    if timeout_s == 30:  # a malformed fingerprint: the peer is told
+        assert expected in bytes(answer["bytes"]).decode(errors="replace")
+    assert _open_fds() - fds == set()  # the client's sockets closed once it ended (joined)
+    assert port_is_free(port)
+
+
+def test_ffn_without_handshake_is_reported() -> None:
+    """An FFN side that publishes its step channel, reads and never answers: the Attention side
+    says so within ``timeout_s`` and leaves nothing open."""
+    from afd_models.connectors.gloo import STEPS_KEY, GlooAttentionConnector
+
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        store.set(STEPS_KEY, str(listener.getsockname()[1]))
+        fds = _fds_before()
+        started = time.monotonic()
+        with pytest.raises(
+            AFDConnectionError,
+            match=f"the FFN worker at 127.0.0.1:{port} did not answer the handshake within 2 s "
+            r"\(is it an AFD FFN worker of the same vllm-afd-overlay version\?\)",
+        ):
+            GlooAttentionConnector(
+                "127.0.0.1", groups(1, 1, port)[0], 0, dataclasses.replace(EXTRA, timeout_s=2)
+            )
+        assert time.monotonic() - started < FAST_S
+        listener.accept()[0].close()  # the connection the Attention side had opened, and closed
+        assert _open_fds() - fds == set()
+
+
+def _engine_config(path: str, quantization: str | None = None, **model: object) -> object:
+    """What :mod:`afd_models.connectors.factory` reads of an engine config: a model read from
+    ``path``, with ``model`` config values."""
+    from transformers import DeepseekV2Config
+
+    hf_config = DeepseekV2Config(
+        name_or_path=path, hidden_size=64, num_hidden_layers=3, architectures=["X"], **model
+    )
+    model_config = SimpleNamespace(
+        hf_config=hf_config,
+        quantization=quantization,
+        dtype=torch.bfloat16,
+        get_hidden_size=lambda: hf_config.hidden_size,
+    )
+    return SimpleNamespace(model_config=model_config)
+
+
+def test_fingerprint_of_an_engine() -> None:
+    """The factory's fingerprint: the AFD config, the layers, the model's size and dtype, an
+    identity that ignores where the model was read from, and the installed version."""
+    from afd_models.config import parse_afd_config
+    from afd_models.connectors.factory import fingerprint, model_identity, project_version
+
+    afd = parse_afd_config(
+        {
+            "role": "attention",
+            "num_attention_ranks": 4,
+            "num_ffn_ranks": 2,
+            "compute_gate_on_attention": True,
+        }
+    )
+    engine = _engine_config("/models/a")
+    identity = model_identity(engine)
+    assert fingerprint(engine, afd, 3, [1, 2]) == Fingerprint(
+        3, 4, 2, True, (1, 2), 64, "bfloat16", identity, project_version()
+    )
+    assert identity.startswith("X config-sha256:") and len(identity) == len("X config-sha256:") + 16
+    assert model_identity(_engine_config("/elsewhere/b")) == identity
+    assert model_identity(_engine_config("/models/a", n_routed_experts=8)) != identity
+    assert model_identity(_engine_config("/models/a", quantization="fp8")) != identity
+    assert project_version() == importlib.metadata.version("vllm-afd-overlay")

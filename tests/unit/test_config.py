@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from afd_models.config import (
@@ -62,15 +64,11 @@ def test_full_config() -> None:
         ({"role": "ffn", "port": 0}, "port=0 is not allowed; allowed: an integer in 1..65535"),
         ({"role": "ffn", "port": "80"}, "port='80' is not allowed"),
         ({"role": "ffn", "port": True}, "port=True is not allowed"),
-        ({"role": "ffn", "host": ""}, "host='' is not allowed; allowed: a non-empty string"),
         ({"role": "ffn", "num_ffn_ranks": 0}, "num_ffn_ranks=0 is not allowed"),
         (
-            {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2},
-            "num_attention_ranks=3 with",
-        ),
-        (
             {"role": "ffn", "num_attention_ranks": 1, "num_ffn_ranks": 2},
-            "num_attention_ranks >= num_ffn_ranks",
+            "additional_config.afd.num_attention_ranks=1 with additional_config.afd.num_ffn_ranks=2 "
+            "is not allowed; allowed: num_attention_ranks >= num_ffn_ranks, divisible or not",
         ),
         (
             {"role": "ffn", "compute_gate_on_attention": "yes"},
@@ -90,7 +88,7 @@ def test_full_config() -> None:
         ),
         (
             {
-                "role": "ffn",
+                "role": "attention",
                 "connector": "LoopbackAFDConnector",
                 "connector_extra_config": {"timeout_s": 1},
             },
@@ -115,3 +113,113 @@ def test_absent_section_means_afd_off() -> None:
         AFDConfigError, match="role='ffn' is not allowed here; allowed: 'attention'"
     ):
         require_afd_config({"afd": {"role": "ffn"}}, role=Role.ATTENTION)
+
+
+@pytest.mark.parametrize(("a", "f"), [(3, 2), (5, 2), (7, 3), (2, 1), (4, 4)])
+def test_any_ratio_with_at_least_as_many_attention_ranks_parses(a: int, f: int) -> None:
+    """Non-divisible ratios are allowed: Attention rank r is served by FFN rank r * F // A."""
+    config = parse_afd_config({"role": "ffn", "num_attention_ranks": a, "num_ffn_ranks": f})
+    assert (config.num_attention_ranks, config.num_ffn_ranks) == (a, f)
+
+
+@pytest.mark.parametrize(("port", "f"), [(65535, 1), (65534, 2), (65000, 536)])
+def test_the_last_port_may_be_65535(port: int, f: int) -> None:
+    parse_afd_config({"role": "ffn", "port": port, "num_attention_ranks": f, "num_ffn_ranks": f})
+
+
+@pytest.mark.parametrize(("port", "f"), [(65535, 2), (65000, 537), (62000, 4096)])
+def test_ports_past_65535_name_port_and_num_ffn_ranks(port: int, f: int) -> None:
+    """FFN rank k listens on port + k: the check names both keys, the last port and the limit."""
+    section = {"role": "attention", "port": port, "num_attention_ranks": f, "num_ffn_ranks": f}
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config(section)
+    assert str(raised.value) == (
+        f"additional_config.afd.port={port} with additional_config.afd.num_ffn_ranks={f} is not "
+        f"allowed: FFN rank k hosts its group on port + k, up to {port + f - 1}; "
+        f"allowed: port <= {65536 - f}"
+    )
+
+
+TIMEOUT_KEYS = ["timeout_s", "connect_timeout_s", "idle_timeout_s"]
+
+
+@pytest.mark.parametrize("key", TIMEOUT_KEYS)
+@pytest.mark.parametrize(
+    "value", [0, -1, 1e300, 10**400, float("inf"), float("nan"), 31536000.5, True, "60"]
+)
+def test_timeouts_must_be_finite_positive_and_at_most_a_year(key: str, value: object) -> None:
+    """Each timeout is refused unless 0 < x <= one year, so datetime.timedelta cannot overflow."""
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "connector_extra_config": {key: value}})
+    assert str(raised.value) == (
+        f"additional_config.afd.connector_extra_config.{key}={value!r} is not allowed; "
+        "allowed: a finite number of seconds > 0 and <= 31536000 (one year)"
+    )
+
+
+@pytest.mark.parametrize("key", TIMEOUT_KEYS)
+@pytest.mark.parametrize("value", [0.001, 1, 31536000])
+def test_timeouts_up_to_a_year_fit_a_timedelta(key: str, value: float) -> None:
+    config = parse_afd_config({"role": "ffn", "connector_extra_config": {key: value}})
+    seconds = getattr(config.connector_extra_config, key)
+    assert seconds == value and timedelta(seconds=seconds).total_seconds() == value
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        "::1",
+        "fe80::1%eth0",
+        "localhost",
+        "ffn-0.cluster.local",
+        "10.0.0.1",
+        "0ffn",
+        "a" * 63 + ".example",
+    ],
+)
+def test_ip_literals_and_rfc_1123_host_names_are_accepted(host: str) -> None:
+    assert parse_afd_config({"role": "ffn", "host": host}).host == host
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "bad host!",
+        "",
+        " ",
+        "a..b",
+        ".local",
+        "local.",
+        "-ffn",
+        "ffn-",
+        "ffn_0",
+        "256.1.1.1",
+        "1.2.3",
+        "[::1]",
+        "127.0.0.1:29650",
+        "a" * 64,
+        ".".join(["a" * 63] * 4),
+        None,
+        7,
+    ],
+)
+def test_malformed_hosts_are_refused_naming_the_value(host: object) -> None:
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "host": host})
+    assert str(raised.value) == (
+        f"additional_config.afd.host={host!r} is not allowed; allowed: an IPv4 or IPv6 address "
+        "(127.0.0.1, ::1) or an RFC 1123 host name (localhost, ffn-0.cluster.local)"
+    )
+
+
+def test_the_loopback_connector_is_refused_for_the_ffn_role_at_parse_time() -> None:
+    """The loopback connector runs the FFN half inside the Attention engine: no FFN engine takes it."""
+    assert parse_afd_config({"role": "attention", "connector": "LoopbackAFDConnector"}).is_attention
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "connector": "LoopbackAFDConnector"})
+    assert str(raised.value) == (
+        "additional_config.afd.connector='LoopbackAFDConnector' with additional_config.afd.role='ffn' "
+        "is not allowed: this connector runs the FFN half inside the Attention engine, so no FFN "
+        "engine is started with it; allowed for role ffn: GlooAFDConnector"
+    )

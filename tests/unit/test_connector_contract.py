@@ -1,11 +1,34 @@
-"""The connector contract without a network: step headers, layer order, stats (afd_models.connectors.base)."""
+"""The connector contract without a network: step headers, fingerprints and their comparison,
+layer order, stats (afd_models.connectors.base)."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 import torch
 
-from afd_models.connectors.base import DTYPES, AFDConnectionError, AFDConnector, StepHeader
+from afd_models.connectors.base import (
+    DTYPES,
+    AFDConnectionError,
+    AFDConnector,
+    Fingerprint,
+    StepHeader,
+    compare_fingerprints,
+)
+
+ENGINE = Fingerprint(
+    role_rank=1,
+    num_attention_ranks=4,
+    num_ffn_ranks=2,
+    compute_gate_on_attention=False,
+    layers=(0, 1, 2, 3, 5),
+    hidden_size=2048,
+    dtype="bfloat16",
+    model="AFDDeepseekV2ForCausalLM config-sha256:0123456789abcdef",
+    version="0.1.0",
+)
 
 
 class Recording(AFDConnector):
@@ -74,3 +97,125 @@ def test_unbound_connector_refuses() -> None:
         Recording().send(0, torch.ones(1, 1), None)
     with pytest.raises(ValueError, match="no remote layers"):
         Recording().set_layers([])
+
+
+def test_fingerprint_round_trip() -> None:
+    """A fingerprint survives encode/decode, its bytes start with their length, and a bare one too."""
+    data = ENGINE.encode()
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    assert Fingerprint.decode(data) == ENGINE
+    assert Fingerprint.decode(Fingerprint.bare(3).encode()) == Fingerprint.bare(3)
+
+
+def _framed(values: object) -> bytes:
+    payload = json.dumps(values).encode()
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def _fields(**changes: object) -> dict[str, object]:
+    values = json.loads(ENGINE.encode()[4:])
+    values.update(changes)
+    return values
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"\0\0", "2 bytes, shorter than its length prefix"),
+        (ENGINE.encode()[:-1], "carries"),
+        (b"\xff\xff\xff\xff", "announces 4294967295 bytes, more than the 1048576 allowed"),
+        (b"\0\0\0\3abc", "not JSON"),
+        (_framed([1, 2]), "format None, expected 'afd-fingerprint/1'"),
+        (
+            _framed(_fields(format="afd-fingerprint/2", version="0.3.0")),
+            "format 'afd-fingerprint/2', expected 'afd-fingerprint/1'; it says it runs vllm-afd-overlay 0.3.0",
+        ),
+        (_framed({k: v for k, v in _fields().items() if k != "dtype"}), "fields ["),
+        (_framed(_fields(extra=1)), "'extra'"),
+        (_framed(_fields(hidden_size=True)), "hidden_size=True is not an integer"),
+        (_framed(_fields(layers=[0, "1"])), "layers=[0, '1'] is not a list of integers"),
+        (
+            _framed(_fields(compute_gate_on_attention=1)),
+            "compute_gate_on_attention=1 is not true or false",
+        ),
+        (_framed(_fields(model=None)), "model=None is not a string"),
+    ],
+    ids=[
+        "short",
+        "truncated",
+        "too-long",
+        "not-json",
+        "not-an-object",
+        "other-format",
+        "missing-field",
+        "extra-field",
+        "bool-for-int",
+        "layer-not-int",
+        "int-for-bool",
+        "null-model",
+    ],
+)
+def test_malformed_fingerprint_says_what_is_wrong(data: bytes, says: str) -> None:
+    with pytest.raises(AFDConnectionError, match="received a malformed fingerprint") as failure:
+        Fingerprint.decode(data)
+    assert says in str(failure.value)
+    assert "same vllm-afd-overlay version" in str(failure.value)
+
+
+def test_fingerprints_differing_in_role_rank_only_match() -> None:
+    assert compare_fingerprints(ENGINE, dataclasses.replace(ENGINE, role_rank=0)) == []
+    assert compare_fingerprints(Fingerprint.bare(2), Fingerprint.bare(0)) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        (
+            {"num_attention_ranks": 3},
+            "num_attention_ranks: attention rank 1 has 4, the FFN rank 0 has 3",
+        ),
+        ({"num_ffn_ranks": 1}, "num_ffn_ranks: attention rank 1 has 2, the FFN rank 0 has 1"),
+        (
+            {"compute_gate_on_attention": True},
+            "compute_gate_on_attention: attention rank 1 has false, the FFN rank 0 has true",
+        ),
+        ({"layers": (0, 2, 4)}, "layers: attention rank 1 has [0-3,5], the FFN rank 0 has [0,2,4]"),
+        ({"layers": ()}, "layers: attention rank 1 has [0-3,5], the FFN rank 0 has []"),
+        ({"hidden_size": 1024}, "hidden_size: attention rank 1 has 2048, the FFN rank 0 has 1024"),
+        ({"dtype": "float16"}, "dtype: attention rank 1 has bfloat16, the FFN rank 0 has float16"),
+        (
+            {"model": "AFDDeepseekV2ForCausalLM config-sha256:fedcba9876543210"},
+            "model: attention rank 1 has AFDDeepseekV2ForCausalLM config-sha256:0123456789abcdef, "
+            "the FFN rank 0 has AFDDeepseekV2ForCausalLM config-sha256:fedcba9876543210",
+        ),
+        ({"version": "0.2.0"}, "version: attention rank 1 has 0.1.0, the FFN rank 0 has 0.2.0"),
+        ({"version": ""}, "version: attention rank 1 has 0.1.0, the FFN rank 0 has (none)"),
+    ],
+)
+def test_each_differing_field_is_named_with_both_values(
+    change: dict[str, object], line: str
+) -> None:
+    """Every compared field, alone, yields exactly one line naming it and both values."""
+    ffn = dataclasses.replace(ENGINE, role_rank=0, **change)
+    assert compare_fingerprints(ENGINE, ffn) == [line]
+
+
+def test_every_differing_field_is_listed_in_field_order() -> None:
+    ffn = dataclasses.replace(ENGINE, role_rank=0, dtype="float32", num_ffn_ranks=4)
+    assert compare_fingerprints(ENGINE, ffn) == [
+        "num_ffn_ranks: attention rank 1 has 2, the FFN rank 0 has 4",
+        "dtype: attention rank 1 has bfloat16, the FFN rank 0 has float32",
+    ]
+    assert compare_fingerprints(ENGINE, Fingerprint.bare(0))[0] == (
+        "num_attention_ranks: attention rank 1 has 4, the FFN rank 0 has 0"
+    )
+    # a bare fingerprint differs from an engine's in every compared field but the gate placement
+    assert [line.split(":")[0] for line in compare_fingerprints(ENGINE, Fingerprint.bare(0))] == [
+        "num_attention_ranks",
+        "num_ffn_ranks",
+        "layers",
+        "hidden_size",
+        "dtype",
+        "model",
+        "version",
+    ]

@@ -27,6 +27,7 @@ def engine(
     """An engine config as vLLM's CPU platform leaves it, with ``parallel`` settings changed."""
     settings = {
         "pipeline_parallel_size": 1,
+        "tensor_parallel_size": 1,
         "enable_dbo": False,
         "ubatch_size": 1,
         "enable_eplb": False,
@@ -72,6 +73,15 @@ REFUSED = {
         {"pipeline_parallel_size": 2},
         ["--pipeline-parallel-size=2", "allowed: 1"],
     ),
+    "tensor parallel": (
+        {"tensor_parallel_size": 2},
+        [
+            "--tensor-parallel-size=2 is not supported with AFD yet",
+            "FFN TP partners must compute on identical tokens",
+            "allowed: 1. Scale with separate engines or --data-parallel-size, and "
+            "additional_config.afd.num_attention_ranks / num_ffn_ranks",
+        ],
+    ),
     "dbo": (
         {"enable_dbo": True},
         ["--enable-dbo=True", "allowed: no --enable-dbo and --ubatch-size 1"],
@@ -100,13 +110,22 @@ def test_refused_flags_name_the_flag_its_value_and_the_alternative(role: str, ca
         assert text in message
 
 
-def test_the_loopback_connector_is_refused_on_an_ffn_engine() -> None:
+@pytest.mark.parametrize("role", ["attention", "ffn"])
+@pytest.mark.parametrize("size", [2, 4])
+def test_any_tensor_parallel_size_above_one_is_refused(role: str, size: int) -> None:
+    """FFN TP partners would get different Attention ranks' tokens (ranks are numbered over DP x TP)."""
+    refuse_unsupported(engine(tensor_parallel_size=1, data_parallel_size=2), afd(role))
+    with pytest.raises(AFDConfigError, match=f"--tensor-parallel-size={size} .*\\({role} role\\)"):
+        refuse_unsupported(engine(tensor_parallel_size=size), afd(role))
+
+
+def test_the_loopback_connector_on_an_ffn_engine_never_reaches_the_flag_check() -> None:
+    """Parse time refuses it (tests/unit/test_config.py), so refuse_unsupported holds no second copy."""
     refuse_unsupported(engine(), afd("attention", connector="LoopbackAFDConnector"))
-    with pytest.raises(AFDConfigError) as error:
-        refuse_unsupported(engine(), afd("ffn", connector="LoopbackAFDConnector"))
-    message = str(error.value)
-    assert "additional_config.afd.connector='LoopbackAFDConnector'" in message
-    assert "allowed for the FFN role: GlooAFDConnector" in message
+    with pytest.raises(
+        AFDConfigError, match=r"with additional_config\.afd\.role='ffn' is not allowed"
+    ):
+        afd("ffn", connector="LoopbackAFDConnector")
 
 
 def test_prefix_caching_is_refused_on_the_ffn_engine_only() -> None:

@@ -1,14 +1,17 @@
 """AFD edits to vLLM's model runners: the CPU runner and the GPU runner it derives from.
 
-One declaration per role generates a subclass of each base. The Attention runner connects to the
-FFN role before loading the model (the FFN role computes during vLLM's profiling forward) and binds
-the connector to the model's remote proxies; the FFN runner loads the FFN half and serves steps.
+One declaration per role generates a subclass of each base. The Attention runner prepares its
+connector before loading the model (config checks; a loopback connector builds its FFN half
+first), connects to the FFN role once the model is loaded (the handshake compares the loaded
+models; the FFN role computes during vLLM's profiling forward, which comes later) and binds the
+connector to the model's remote proxies; the FFN runner loads the FFN half, connects and serves
+steps.
 """
 
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-from afd_models.connectors.factory import connect_attention, connect_ffn
+from afd_models.connectors.factory import connect_ffn, prepare_attention
 from afd_models.ffn_server import FFNServer, exit_process
 from afd_models.models.remote import bind_connector
 from codegen.markers import delta, extend, override, subclass
@@ -38,8 +41,9 @@ class AFDAttentionModelRunner(CPUModelRunner):
 
     @override(deltas=LOAD_SPANS)
     def load_model(self, load_dummy_weights: bool = False) -> None:
-        self.afd_connector = connect_attention(self.vllm_config, get_tensor_model_parallel_rank())
+        connect = prepare_attention(self.vllm_config, get_tensor_model_parallel_rank())
         super().load_model(load_dummy_weights=load_dummy_weights)
+        self.afd_connector = connect(self.get_model())
         self.afd_connector.set_layers(bind_connector(self.get_model(), self.afd_connector))
 
     @override
@@ -64,7 +68,9 @@ class AFDFFNModelRunner(CPUModelRunner):
     @override(deltas=LOAD_SPANS)
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights=load_dummy_weights)
-        self.afd_connector = connect_ffn(self.vllm_config, get_tensor_model_parallel_rank())
+        self.afd_connector = connect_ffn(
+            self.vllm_config, get_tensor_model_parallel_rank(), self.get_model()
+        )
         self.afd_server: FFNServer | None = None
 
     @extend
