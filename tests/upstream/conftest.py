@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,30 @@ def upstream_copy(tmp_path_factory: pytest.TempPathFactory, pinned: Context) -> 
         ignore=shutil.ignore_patterns("__pycache__", "*.so"),
     )
     return root
+
+
+def changed_tree(
+    upstream_copy: Path, tmp_path: Path, changes: Mapping[str, Callable[[str], str]]
+) -> Path:
+    """A tree equal to the pinned one except the files of ``changes``, each rewritten by its change.
+
+    The copy is hard-linked: a changed file is replaced, never written through.
+    """
+    root = tmp_path / "tree"
+    shutil.copytree(upstream_copy, root, copy_function=os.link)
+    for relative, change in changes.items():
+        target = root / relative
+        text = change(target.read_text())
+        target.unlink()
+        target.write_text(text)
+    return root
+
+
+def once(old: str, new: str) -> Callable[[str], str]:
+    """A change replacing ``old``, which must occur exactly once."""
+
+    def change(text: str) -> str:
+        assert text.count(old) == 1, old
+        return text.replace(old, new)
+
+    return change

@@ -3,16 +3,14 @@ that it must not hide: the harmless change is info, the real break next to it st
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from codegen.drift_cli import run_drift
 from codegen.findings import Finding
 
-from .conftest import REPO
+from .conftest import REPO, changed_tree, once
 
 DEEPSEEK = "vllm/model_executor/models/deepseek_v2.py"
 GPU_WORKER = "vllm/v1/worker/gpu_worker.py"
@@ -26,25 +24,11 @@ FUSED_MOE_FILES = (
 )
 
 
-def _once(old: str, new: str) -> Callable[[str], str]:
-    def change(text: str) -> str:
-        assert text.count(old) == 1, old
-        return text.replace(old, new)
-
-    return change
-
-
 def drift(
     upstream_copy: Path, tmp_path: Path, changes: dict[str, Callable[[str], str]]
 ) -> list[Finding]:
     """Drift from the pin to a copy of it with ``changes`` applied (file -> text rewrite)."""
-    root = tmp_path / "tree"
-    shutil.copytree(upstream_copy, root, copy_function=os.link)
-    for relative, change in changes.items():
-        target = root / relative
-        text = change(target.read_text())
-        target.unlink()
-        target.write_text(text)
+    root = changed_tree(upstream_copy, tmp_path, changes)
     return run_drift(REPO, "0.26.0", to_root=root).findings
 
 
@@ -66,7 +50,7 @@ def test_relied_on_change_that_keeps_contracts_is_info(upstream_copy: Path, tmp_
         upstream_copy,
         tmp_path,
         {
-            DEEPSEEK: _once(
+            DEEPSEEK: once(
                 GATE_CALL, GATE_CALL + "            router_logits = router_logits.float()\n"
             )
         },
@@ -80,7 +64,7 @@ def test_breaking_a_contract_blocks(upstream_copy: Path, tmp_path: Path) -> None
     findings = drift(
         upstream_copy,
         tmp_path,
-        {DEEPSEEK: _once(GATE_CALL, "            router_logits = hidden_states\n")},
+        {DEEPSEEK: once(GATE_CALL, "            router_logits = hidden_states\n")},
     )
     assert alarms(findings) == {
         ("DRF070", "block", f"{MOE_FORWARD}#gate-runs-for-external-router"),
@@ -93,7 +77,7 @@ def test_contract_matching_elsewhere_is_review(upstream_copy: Path, tmp_path: Pa
     check = (
         "                if is_pp_missing_parameter(name, self):\n                    continue\n"
     )
-    findings = drift(upstream_copy, tmp_path, {DEEPSEEK: _once(check * 1, "")})
+    findings = drift(upstream_copy, tmp_path, {DEEPSEEK: once(check * 1, "")})
     assert alarms(findings) == {
         (
             "DRF071",
@@ -113,7 +97,7 @@ def test_replaced_body_is_info_but_its_signature_still_blocks(
     body_only = drift(
         upstream_copy,
         tmp_path / "body",
-        {GPU_WORKER: _once(header, header + "        self.warmed = True\n")},
+        {GPU_WORKER: once(header, header + "        self.warmed = True\n")},
     )
     worker = "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model"
     assert alarms(body_only) == set()
@@ -122,7 +106,7 @@ def test_replaced_body_is_info_but_its_signature_still_blocks(
         upstream_copy,
         tmp_path / "signature",
         {
-            GPU_WORKER: _once(
+            GPU_WORKER: once(
                 header,
                 "    def compile_or_warm_up_model(self, sizes: list[int]) -> CompilationTimes:\n",
             )
@@ -140,7 +124,7 @@ def test_cosmetic_fork_change_is_info(upstream_copy: Path, tmp_path: Path) -> No
     findings = drift(
         upstream_copy,
         tmp_path,
-        {DEEPSEEK: _once(NORMS, "        scale: float\n        # the scale\n" + NORMS)},
+        {DEEPSEEK: once(NORMS, "        scale: float\n        # the scale\n" + NORMS)},
     )
     assert alarms(findings) == set()
     assert by_code(findings, "DRF032")[DECODER_INIT].severity.value == "info"
@@ -152,7 +136,7 @@ def test_real_fork_change_is_review_with_the_generated_diff(
     findings = drift(
         upstream_copy,
         tmp_path,
-        {DEEPSEEK: _once(NORMS, "        self.probe = torch.nn.Linear(1, 1)\n" + NORMS)},
+        {DEEPSEEK: once(NORMS, "        self.probe = torch.nn.Linear(1, 1)\n" + NORMS)},
     )
     assert alarms(findings) == {("DRF032", "review", DECODER_INIT)}
     details = by_code(findings, "DRF032")[DECODER_INIT].details
@@ -206,7 +190,7 @@ def test_class_member_a_fork_calls_is_recorded(upstream_copy: Path, tmp_path: Pa
         upstream_copy,
         tmp_path / "signature",
         {
-            "vllm/_aiter_ops.py": _once(
+            "vllm/_aiter_ops.py": once(
                 method, "    def is_fused_moe_enabled(cls, device) -> bool:\n"
             )
         },
@@ -215,7 +199,7 @@ def test_class_member_a_fork_calls_is_recorded(upstream_copy: Path, tmp_path: Pa
     removed = drift(
         upstream_copy,
         tmp_path / "removed",
-        {"vllm/_aiter_ops.py": _once(method, "    def fused_moe_enabled(cls) -> bool:\n")},
+        {"vllm/_aiter_ops.py": once(method, "    def fused_moe_enabled(cls) -> bool:\n")},
     )
     assert any(
         code in ("DRF001", "DRF003") and s == called and sev == "block"

@@ -10,8 +10,8 @@ import pytest
 
 from codegen.cli import main
 
-from .conftest import REPO
-from .test_mutations import DEEPSEEK, GPU_WORKER, _once, mutated
+from .conftest import REPO, changed_tree, once
+from .test_mutations import DEEPSEEK, GPU_WORKER
 
 MODEL_FORWARD = "vllm.model_executor.models.deepseek_v2:DeepseekV2Model.forward"
 DUMMY_BATCH = "vllm.v1.worker.gpu_worker:Worker.execute_dummy_batch"
@@ -34,24 +34,20 @@ def _drift(output: list[str]) -> list[str]:
 
 
 def test_patched_bodies_and_signatures_are_named(upstream_copy: Path, tmp_path: Path) -> None:
-    root = mutated(
+    root = changed_tree(
         upstream_copy,
         tmp_path,
-        DEEPSEEK,
-        _once(
-            "        if get_pp_group().is_first_rank:\n            if inputs_embeds is not None:",
-            "        positions = positions.clone()\n"
-            "        if get_pp_group().is_first_rank:\n            if inputs_embeds is not None:",
-        ),
-    )
-    worker = root / GPU_WORKER
-    text = worker.read_text()
-    worker.unlink()  # a hard link into the shared copy: replace, never write through
-    worker.write_text(
-        _once(
-            "    def execute_dummy_batch(self) -> None:",
-            "    def execute_dummy_batch(self, num_tokens: int = 1) -> None:",
-        )(text)
+        {
+            DEEPSEEK: once(
+                "        if get_pp_group().is_first_rank:\n            if inputs_embeds is not None:",
+                "        positions = positions.clone()\n"
+                "        if get_pp_group().is_first_rank:\n            if inputs_embeds is not None:",
+            ),
+            GPU_WORKER: once(
+                "    def execute_dummy_batch(self) -> None:",
+                "    def execute_dummy_batch(self, num_tokens: int = 1) -> None:",
+            ),
+        },
     )
 
     code, output = _check(root)
@@ -68,11 +64,14 @@ def test_patched_bodies_and_signatures_are_named(upstream_copy: Path, tmp_path: 
 
 
 def test_unused_code_changes_no_recorded_symbol(upstream_copy: Path, tmp_path: Path) -> None:
-    root = mutated(
+    root = changed_tree(
         upstream_copy,
         tmp_path,
-        DEEPSEEK,
-        _once("    if scale <= 1:\n        return 1.0", "    if scale <= 1.0:\n        return 1.0"),
+        {
+            DEEPSEEK: once(
+                "    if scale <= 1:\n        return 1.0", "    if scale <= 1.0:\n        return 1.0"
+            )
+        },
     )
 
     code, output = _check(root)
@@ -86,8 +85,8 @@ def test_unused_code_changes_no_recorded_symbol(upstream_copy: Path, tmp_path: P
 def test_pinned_release_unavailable_is_said(
     upstream_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = mutated(
-        upstream_copy, tmp_path, DEEPSEEK, _once("    if scale <= 1:", "    if scale < 1:")
+    root = changed_tree(
+        upstream_copy, tmp_path, {DEEPSEEK: once("    if scale <= 1:", "    if scale < 1:")}
     )
     monkeypatch.setenv("AFD_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")  # nothing listens there
