@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from codegen.edit import anchor_lines, parse_method
+from codegen.edit import anchor_lines, parse_member
 from codegen.index import Member
 from codegen.markers import Contract
 from codegen.model import ContractMatch
@@ -19,7 +19,7 @@ from codegen.pattern import parse_pattern
 
 def evaluate(member: Member, contracts: Sequence[Contract]) -> tuple[ContractMatch, ...]:
     """Where each contract matches in ``member``'s body; raises PatternError for a bad pattern."""
-    parsed = parse_method(member.source(), member.first_line)
+    parsed = parse_member(member)
     results = []
     for contract in contracts:
         lines, codes = anchor_lines(parsed, parse_pattern(contract.pattern))

@@ -35,7 +35,7 @@ import libcst as cst
 
 from codegen.checks.signatures import differences
 from codegen.contracts import evaluate
-from codegen.edit import EditError, anchor_lines, apply_edits, parse_method
+from codegen.edit import EditError, anchor_lines, apply_edits, parse_member
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member, UpstreamIndex, same_behaviour
 from codegen.lock import describe_symbol
@@ -243,6 +243,13 @@ def _relocated(side: Side, ref: SymbolRef, old_entry: dict[str, Any]) -> tuple[K
     return None
 
 
+def _severity_for_loss(roles: set[str]) -> Severity:
+    """A symbol gone, renamed or turned into another kind: it blocks whatever uses it directly."""
+    if roles & (_BREAKING_ROLES | {"relied_on"}):
+        return Severity.BLOCK
+    return _severity_for_change(roles)
+
+
 def _severity_for_change(roles: set[str]) -> Severity:
     if roles & _BREAKING_ROLES - {
         "overlay_import",
@@ -327,9 +334,7 @@ def symbol_findings(
 
 
 def _renamed(rename: Rename, roles: set[str], users: str, old: Side, sites: list[str]) -> Finding:
-    severity = (
-        Severity.BLOCK if roles & (_BREAKING_ROLES | {"relied_on"}) else _severity_for_change(roles)
-    )
+    severity = _severity_for_loss(roles)
     count = sum(not line.startswith(" ") for line in sites)
     fix = (
         f"; {count} forked call site(s) re-anchor as proposed in the details"
@@ -366,11 +371,7 @@ def _one_symbol(
     after = _location(new.index, ref)
     if current["kind"] in ("missing", "external"):
         moved = _relocated(new, ref, entry)
-        severity = (
-            Severity.BLOCK
-            if roles & (_BREAKING_ROLES | {"relied_on"})
-            else _severity_for_change(roles)
-        )
+        severity = _severity_for_loss(roles)
         if moved is not None:
             kind, where = moved
             yield Finding(
@@ -393,11 +394,7 @@ def _one_symbol(
             )
         return
     if current["kind"] != entry.get("kind"):
-        severity = (
-            Severity.BLOCK
-            if roles & (_BREAKING_ROLES | {"relied_on"})
-            else _severity_for_change(roles)
-        )
+        severity = _severity_for_loss(roles)
         yield Finding(
             Kind.DRIFT_KIND,
             severity,
@@ -595,7 +592,7 @@ def _rebase(
     target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
     if target is None or not target.is_method:
         return  # reported as a removed fork target by symbol_findings
-    parsed = parse_method(target.source(), target.first_line)
+    parsed = parse_member(target)
     where = Location(str(target.module.path), target.line)
     changed_regions = []
     for edit in edits:
@@ -690,7 +687,7 @@ def _generated_diff(
         if member is None:
             bodies.append("")
             continue
-        function = apply_edits(parse_method(member.source(), member.first_line).function, edits)
+        function = apply_edits(parse_member(member).function, edits)
         bodies.append(cst.Module(body=[function]).code)
     return body_diff(
         bodies[0], bodies[1], f"generated ({old_version})", f"generated ({new_version})"

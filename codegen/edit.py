@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -36,6 +36,9 @@ from codegen.pattern import (
     parse_pattern,
     placeholder,
 )
+
+if TYPE_CHECKING:
+    from codegen.index import Member
 
 WRAPPER_CLASS = "_AFDUpstreamClass"
 
@@ -75,6 +78,11 @@ class ParsedMethod:
 def parse_method(source: str, first_line: int) -> ParsedMethod:
     """Parse a method's source lines (with their indentation) inside a dummy class."""
     return ParsedMethod(cst.parse_module(f"class {WRAPPER_CLASS}:\n{source}"), first_line)
+
+
+def parse_member(member: Member) -> ParsedMethod:
+    """Parse an upstream method found by the index, decorators included."""
+    return parse_method(member.source(), member.first_line)
 
 
 def anchor_lines(method: ParsedMethod, pattern: Pattern) -> tuple[list[int], list[str]]:

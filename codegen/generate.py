@@ -17,7 +17,7 @@ import libcst as cst
 
 from codegen.checks.signatures import check_signature
 from codegen.contracts import evaluate
-from codegen.edit import EditError, SuperRewriter, anchor_lines, apply_edits, parse_method
+from codegen.edit import EditError, SuperRewriter, anchor_lines, apply_edits, parse_member
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member, UpstreamIndex
 from codegen.markers import Contract
@@ -399,7 +399,7 @@ def _fork(
     namespace: ModuleNamespace,
     findings: list[Finding],
 ) -> GeneratedMember | None:
-    parsed = parse_method(upstream.source(), upstream.first_line)
+    parsed = parse_member(upstream)
     anchors: list[AnchorMatch] = []
     for edit in decl.edits:
         try:
