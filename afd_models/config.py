@@ -7,8 +7,8 @@ raised before any model or process group is built. Unknown keys are errors. Conn
 settings live under ``connector_extra_config`` and are checked against the chosen connector's
 closed schema. Combinations are checked here too, naming both keys: the connector against the
 role, ``num_attention_ranks`` against ``num_ffn_ranks`` (the rule of
-:func:`afd_models.topology.check_topology`) and ``port`` against ``num_ffn_ranks`` (FFN rank k
-listens on ``port + k``).
+:func:`afd_models.topology.check_topology`), ``port`` against ``num_ffn_ranks`` (FFN rank k
+listens on ``port + k``) and ``rank_offset`` against the role's rank count.
 """
 
 from __future__ import annotations
@@ -85,6 +85,9 @@ class AFDConfig:
     num_attention_ranks: int = 1
     #: FFN workers in the deployment
     num_ffn_ranks: int = 1
+    #: role rank of this engine's first worker: an engine's workers take the role ranks
+    #: rank_offset ... rank_offset + DP x TP - 1, so several engines of one role each name their own
+    rank_offset: int = 0
     #: run the MoE gate on Attention and send router logits with the hidden states
     compute_gate_on_attention: bool = False
     #: the connector's own settings, already validated
@@ -198,6 +201,7 @@ _FIELDS = (
     "port",
     "num_attention_ranks",
     "num_ffn_ranks",
+    "rank_offset",
     "compute_gate_on_attention",
     "connector_extra_config",
 )
@@ -241,6 +245,7 @@ def parse_afd_config(section: object) -> AFDConfig:
             "num_attention_ranks", section.get("num_attention_ranks", 1), 1, 4096
         ),
         num_ffn_ranks=_integer("num_ffn_ranks", section.get("num_ffn_ranks", 1), 1, 4096),
+        rank_offset=_integer("rank_offset", section.get("rank_offset", 0), 0, 4095),
         compute_gate_on_attention=_boolean(
             "compute_gate_on_attention", section.get("compute_gate_on_attention", False)
         ),
@@ -261,6 +266,14 @@ def parse_afd_config(section: object) -> AFDConfig:
             f"{_where('port')}={port} with {_where('num_ffn_ranks')}={f} is not allowed: FFN rank k "
             f"hosts its group on port + k, up to {port + f - 1}; allowed: port <= {MAX_PORT + 1 - f}"
         ) from exc
+    ranks_key = "num_attention_ranks" if config.is_attention else "num_ffn_ranks"
+    ranks = a if config.is_attention else f
+    if config.rank_offset >= ranks:
+        raise AFDConfigError(
+            f"{_where('rank_offset')}={config.rank_offset} with {_where(ranks_key)}={ranks} is not "
+            f"allowed for role {role.value}: the engine's first worker would have no role rank; "
+            f"allowed: rank_offset <= {ranks - 1}"
+        )
     return config
 
 

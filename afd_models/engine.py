@@ -140,6 +140,16 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
             "TP partners would each send the same tokens; allowed: 1. Scale with separate engines "
             "or --data-parallel-size, and additional_config.afd.num_attention_ranks / num_ffn_ranks"
         )
+    if afd.is_ffn and parallel.data_parallel_size > 1:
+        # vLLM DP would shard the experts over the FFN engine's ranks and gather every rank's
+        # tokens in each MoE layer: a collective all FFN ranks must enter together, while each
+        # serves only its own peers' steps (and the CPU platform has no all_gatherv for it).
+        raise AFDConfigError(
+            f"--data-parallel-size={parallel.data_parallel_size} is not supported on the AFD FFN "
+            "role: its DP ranks would have to enter every MoE layer's collective together, but "
+            "each serves its own Attention peers' steps; allowed: 1. Start one FFN engine per FFN "
+            "rank, each with its own additional_config.afd.rank_offset"
+        )
     if parallel.enable_dbo or parallel.ubatch_size > 1:
         raise AFDConfigError(
             f"--enable-dbo={parallel.enable_dbo} / --ubatch-size={parallel.ubatch_size} is not supported "

@@ -8,6 +8,7 @@ what a failure means (in ``vllm serve`` it ends the worker process, so the engin
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -75,14 +76,17 @@ def serve_step(
     connector: FFNConnector,
     layers: Sequence[int],
     tokens: int,
-) -> None:
-    """Compute every remote layer of one step."""
+) -> list[int]:
+    """Compute every remote layer of one step; the rows each layer computed on, in layer order."""
+    rows = []
     with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
         for layer_idx in layers:
             hidden_states, router_logits = connector.recv(layer_idx)
+            rows.append(hidden_states.shape[0])
             connector.send(
                 layer_idx, model.compute_ffn_output(layer_idx, hidden_states, router_logits)
             )
+    return rows
 
 
 def exit_process(exc: BaseException) -> None:
@@ -94,6 +98,10 @@ def exit_process(exc: BaseException) -> None:
     logger.critical("AFD FFN worker exits: %s", exc)
     logging.shutdown()
     os._exit(70)
+
+
+#: steps the FFN server remembers for :meth:`FFNServer.recent_steps`
+RECENT_STEPS = 4096
 
 
 class FFNServer:
@@ -120,6 +128,8 @@ class FFNServer:
         self.group = connector.group  # its peers, in the order of their step headers
         self.on_failure = on_failure
         self.steps = 0
+        self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
+        self._recent_lock = threading.Lock()  # read from the worker's RPC thread
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="AFD-FFN-server", daemon=True)
@@ -142,7 +152,21 @@ class FFNServer:
                     hidden_size=self.hidden_size,
                     dtype=self.dtype,
                 )
-                serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
+                rows = serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
+                with self._recent_lock:
+                    self._recent.append(
+                        {
+                            "step": self.steps,
+                            "peers": {
+                                rank: header.num_tokens
+                                for rank, header in zip(
+                                    self.group.attention_ranks, headers, strict=True
+                                )
+                            },
+                            "tokens": tokens,
+                            "rows": rows,
+                        }
+                    )
                 self.steps += 1
         except BaseException as exc:  # kept and reported; the thread must not die silently
             if not self._stop.is_set():  # an error while stopping is the interruption itself
@@ -151,6 +175,13 @@ class FFNServer:
                 if self.on_failure is not None:
                     self.on_failure(exc)
         logger.info("AFD FFN server: stopped after %d steps", self.steps)
+
+    def recent_steps(self) -> list[dict[str, Any]]:
+        """The last :data:`RECENT_STEPS` steps, oldest first: ``step`` (its index), ``peers``
+        (Attention rank -> tokens its header announced), ``tokens`` (this FFN rank's step count
+        from :func:`check_headers`) and ``rows`` (rows each remote layer received and computed)."""
+        with self._recent_lock:
+            return list(self._recent)
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

@@ -3,10 +3,15 @@
 Pure functions, no vLLM: every rule is unit-tested over a grid of topologies, and the live code
 calls these functions (the connector factory for groups, the FFN server for token counts).
 
-* A worker's **role rank** is its index among the workers of its role, numbered over DP x TP:
-  ``dp_rank * tp_size + tp_rank`` (:func:`role_rank`; PP is not supported by AFD). The engines
-  refuse ``--tensor-parallel-size`` > 1 for now (:func:`afd_models.engine.refuse_unsupported`), so
-  today a role rank is a DP rank.
+* A worker's **role rank** is its index among the workers of its role, numbered over DP x TP
+  within its engine from the engine's ``rank_offset``: ``rank_offset + dp_rank * tp_size +
+  tp_rank`` (:func:`role_rank`; PP is not supported by AFD). The engines refuse
+  ``--tensor-parallel-size`` > 1 for now (:func:`afd_models.engine.refuse_unsupported`), so today
+  a role rank is the offset plus a DP rank.
+* An FFN rank takes one step header from each of its peers per step, so its peers must step in
+  lockstep: the DP ranks of one vLLM engine serving a MoE model do (vLLM runs a dummy batch on an
+  idle DP rank while another has work), separate engines do not. So every FFN group lies within
+  one Attention engine (:func:`check_attention_engine`).
 * With A Attention and F FFN ranks, any A >= F >= 1 (divisible or not), Attention rank ``a`` is
   served by FFN rank ``a * F // A`` (:func:`ffn_rank_of_attention`, the public AFD plugin's rule).
   FFN rank ``k`` serves the Attention ranks ``ceil(k*A/F) ... ceil((k+1)*A/F) - 1``: contiguous,
@@ -54,13 +59,37 @@ def check_ports(base_port: int, num_ffn_ranks: int) -> None:
         )
 
 
-def role_rank(dp_rank: int, tp_rank: int, tp_size: int) -> int:
-    """Index of a worker among the workers of its role: DP rank major, TP rank minor."""
-    if tp_size < 1 or not 0 <= tp_rank < tp_size or dp_rank < 0:
+def role_rank(dp_rank: int, tp_rank: int, tp_size: int, rank_offset: int = 0) -> int:
+    """Index of a worker among the workers of its role: the engine's offset, then DP rank major,
+    TP rank minor."""
+    if tp_size < 1 or not 0 <= tp_rank < tp_size or dp_rank < 0 or rank_offset < 0:
         raise TopologyError(
-            f"dp_rank={dp_rank}, tp_rank={tp_rank}, tp_size={tp_size} is not a valid worker position"
+            f"dp_rank={dp_rank}, tp_rank={tp_rank}, tp_size={tp_size}, rank_offset={rank_offset} "
+            "is not a valid worker position"
         )
-    return dp_rank * tp_size + tp_rank
+    return rank_offset + dp_rank * tp_size + tp_rank
+
+
+def check_attention_engine(
+    first_rank: int, num_ranks: int, num_attention_ranks: int, num_ffn_ranks: int
+) -> None:
+    """Raise unless the Attention ranks ``first_rank ... first_rank + num_ranks - 1`` of one engine
+    exist and hold only whole FFN groups (an FFN rank's peers must step in lockstep)."""
+    last = first_rank + num_ranks - 1
+    if first_rank < 0 or num_ranks < 1 or last >= num_attention_ranks:
+        raise TopologyError(
+            f"an Attention engine with {num_ranks} workers from rank {first_rank} takes ranks "
+            f"{first_rank}..{last}, outside 0..{num_attention_ranks - 1}"
+        )
+    for k, members in enumerate(_members(num_attention_ranks, num_ffn_ranks)):
+        inside = [r for r in members if first_rank <= r <= last]
+        if inside and len(inside) != len(members):
+            raise TopologyError(
+                f"FFN rank {k} of {num_attention_ranks}A{num_ffn_ranks}F serves attention ranks "
+                f"{list(members)}, but the engine of ranks {first_rank}..{last} holds only {inside}: "
+                "an FFN rank's peers must be DP ranks of one Attention engine, which step in "
+                "lockstep (separate engines do not, and the FFN rank would wait on the idle one)"
+            )
 
 
 def ffn_rank_of_attention(attention_rank: int, num_attention_ranks: int, num_ffn_ranks: int) -> int:

@@ -13,7 +13,13 @@ from vllm.config import VllmConfig
 
 from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
-from afd_models.topology import TopologyError, group_of_attention, group_of_ffn, role_rank
+from afd_models.topology import (
+    TopologyError,
+    check_attention_engine,
+    group_of_attention,
+    group_of_ffn,
+    role_rank,
+)
 
 #: the distribution whose version the fingerprint carries
 DISTRIBUTION = "vllm-afd-overlay"
@@ -25,20 +31,29 @@ AttentionConnect = Callable[[nn.Module], AFDConnector]
 
 
 def worker_role_rank(vllm_config: VllmConfig, tp_rank: int) -> int:
-    """This worker's index among the workers of its role (checked against the configured count)."""
+    """This worker's index among the workers of its role, after checking that the engine's
+    workers (``rank_offset`` ... ``rank_offset + DP x TP - 1``) fit the configured count and, on
+    the Attention role, hold only whole FFN groups."""
     parallel = vllm_config.parallel_config
     afd = require_afd_config(vllm_config.additional_config)
-    dp_rank = parallel.data_parallel_rank if parallel.data_parallel_size > 1 else 0
-    rank = role_rank(dp_rank, tp_rank, parallel.tensor_parallel_size)
+    dp_size = parallel.data_parallel_size
+    dp_rank = parallel.data_parallel_rank if dp_size > 1 else 0
+    tp_size = parallel.tensor_parallel_size
+    first, size = afd.rank_offset, dp_size * tp_size
     configured = afd.num_attention_ranks if afd.is_attention else afd.num_ffn_ranks
-    if rank >= configured:
+    if first + size > configured:
         key = "num_attention_ranks" if afd.is_attention else "num_ffn_ranks"
         raise AFDConfigError(
-            f"additional_config.afd.{key}={configured}, but this engine has a worker of role rank {rank} "
-            f"(DP rank {dp_rank} x TP size {parallel.tensor_parallel_size} + TP rank {tp_rank}); "
-            f"allowed: {key} >= DP size x TP size of all {afd.role.value} engines"
+            f"additional_config.afd.{key}={configured} with additional_config.afd.rank_offset={first}, "
+            f"but this engine's {size} workers (DP size {dp_size} x TP size {tp_size}) take role ranks "
+            f"{first}..{first + size - 1}; allowed: rank_offset + DP size x TP size <= {key}"
         )
-    return rank
+    if afd.is_attention:
+        try:
+            check_attention_engine(first, size, afd.num_attention_ranks, afd.num_ffn_ranks)
+        except TopologyError as exc:
+            raise AFDConfigError(f"additional_config.afd.rank_offset={first}: {exc}") from exc
+    return role_rank(dp_rank, tp_rank, tp_size, first)
 
 
 def project_version() -> str:

@@ -271,15 +271,54 @@ def complete(server: Server, prompt: str, max_tokens: int, timeout_s: float = 12
     return list(body["choices"][0]["token_ids"])
 
 
-def connector_stats(server: Server) -> dict[str, float]:
-    """The Attention worker's connector statistics (the server must run with VLLM_SERVER_DEV_MODE=1)."""
-    status, body = post(server, "/collective_rpc", {"method": "afd_connector_stats"}, 30)
+def collective_rpc(server: Server, method: str) -> list[Any]:
+    """Each worker's answer to ``method`` (the server must run with VLLM_SERVER_DEV_MODE=1; with
+    vLLM data parallel, the workers of the first DP rank only)."""
+    status, body = post(server, "/collective_rpc", {"method": method}, 30)
     if status != 200:
         raise ServerError(
-            f"{server.name}: /collective_rpc answered {status} (is VLLM_SERVER_DEV_MODE=1 set?): {body}"
+            f"{server.name}: /collective_rpc {method} answered {status} (is VLLM_SERVER_DEV_MODE=1 set?): {body}"
         )
-    stats: dict[str, float] = body["results"][0]
+    results: list[Any] = body["results"]
+    return results
+
+
+def connector_stats(server: Server) -> dict[str, float]:
+    """The Attention worker's connector statistics (the server must run with VLLM_SERVER_DEV_MODE=1)."""
+    stats: dict[str, float] = collective_rpc(server, "afd_connector_stats")[0]
     return stats
+
+
+def ffn_steps(server: Server) -> list[dict[str, Any]]:
+    """The FFN worker's recent steps (:meth:`afd_models.ffn_server.FFNServer.recent_steps`; the
+    server must run with VLLM_SERVER_DEV_MODE=1), Attention ranks as ints."""
+    steps: list[dict[str, Any]] = collective_rpc(server, "afd_ffn_steps")[0]
+    return [{**step, "peers": {int(r): n for r, n in step["peers"].items()}} for step in steps]
+
+
+def _sum_proc_field(server: Server, file: str, key: str) -> int:
+    """``key`` (a kB figure) of ``/proc/PID/file`` summed over the server's live processes."""
+    total = 0
+    for pid in group_members(server):
+        try:
+            text = Path(f"/proc/{pid}/{file}").read_text()
+        except OSError:
+            continue  # exited since it was listed
+        for line in text.splitlines():
+            if line.startswith(key):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def peak_rss_bytes(server: Server) -> int:
+    """The sum of the peak resident memory (VmHWM) of the server's live processes: an upper bound
+    of the group's peak, since the processes share library pages and peak at different times."""
+    return _sum_proc_field(server, "status", "VmHWM:")
+
+
+def pss_bytes(server: Server) -> int:
+    """The server's memory now, shared pages split between the processes sharing them (PSS)."""
+    return _sum_proc_field(server, "smaps_rollup", "Pss:")
 
 
 def stop(server: Server, timeout_s: float = 30.0) -> int | None:

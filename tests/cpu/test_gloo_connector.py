@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -457,3 +458,77 @@ def test_fingerprint_of_an_engine() -> None:
     assert model_identity(_engine_config("/models/a", n_routed_experts=8)) != identity
     assert model_identity(_engine_config("/models/a", quantization="fp8")) != identity
     assert project_version() == importlib.metadata.version("vllm-afd-overlay")
+
+
+def _parallel_engine(role: str, a: int, f: int, offset: int, dp_size: int, dp_rank: int) -> Any:
+    """What worker_role_rank reads of an engine config."""
+    parallel = SimpleNamespace(
+        data_parallel_size=dp_size, data_parallel_rank=dp_rank, tensor_parallel_size=1
+    )
+    afd = {"role": role, "num_attention_ranks": a, "num_ffn_ranks": f, "rank_offset": offset}
+    return SimpleNamespace(parallel_config=parallel, additional_config={"afd": afd})
+
+
+@pytest.mark.parametrize(
+    ("role", "a", "f", "offset", "dp_size", "ranks"),
+    [
+        ("attention", 3, 2, 0, 2, [0, 1]),  # 3A2F: a DP 2 engine serves FFN rank 0's peers
+        ("attention", 3, 2, 2, 1, [2]),  # ... and a second engine FFN rank 1's
+        ("attention", 2, 2, 1, 1, [1]),  # 2A2F from two engines
+        ("ffn", 3, 2, 1, 1, [1]),  # one FFN engine per FFN rank
+    ],
+)
+def test_worker_role_rank_counts_from_the_engines_offset(
+    role: str, a: int, f: int, offset: int, dp_size: int, ranks: list[int]
+) -> None:
+    from afd_models.connectors.factory import worker_role_rank
+
+    got = [
+        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, dp_rank), 0)
+        for dp_rank in range(dp_size)
+    ]
+    assert got == ranks
+
+
+@pytest.mark.parametrize(
+    ("role", "a", "f", "offset", "dp_size", "message"),
+    [
+        (
+            "attention",
+            2,
+            1,
+            1,
+            1,
+            "additional_config.afd.rank_offset=1: FFN rank 0 of 2A1F serves attention ranks "
+            "[0, 1], but the engine of ranks 1..1 holds only [1]",
+        ),
+        (
+            "attention",
+            3,
+            2,
+            1,
+            2,
+            "additional_config.afd.rank_offset=1: FFN rank 0 of 3A2F serves attention ranks "
+            "[0, 1], but the engine of ranks 1..2 holds only [1]",
+        ),
+        (
+            "attention",
+            3,
+            2,
+            2,
+            2,
+            "additional_config.afd.num_attention_ranks=3 with additional_config.afd.rank_offset=2, "
+            "but this engine's 2 workers (DP size 2 x TP size 1) take role ranks 2..3; allowed: "
+            "rank_offset + DP size x TP size <= num_attention_ranks",
+        ),
+    ],
+)
+def test_engines_that_do_not_fit_the_topology_are_refused_before_loading(
+    role: str, a: int, f: int, offset: int, dp_size: int, message: str
+) -> None:
+    from afd_models.config import AFDConfigError
+    from afd_models.connectors.factory import worker_role_rank
+
+    with pytest.raises(AFDConfigError) as raised:
+        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0), 0)
+    assert str(raised.value).startswith(message)

@@ -26,7 +26,7 @@ def test_defaults() -> None:
         1,
         1,
     )
-    assert config.compute_gate_on_attention is False
+    assert config.compute_gate_on_attention is False and config.rank_offset == 0
     assert config.connector_extra_config == GlooExtraConfig()
 
 
@@ -40,11 +40,12 @@ def test_full_config() -> None:
             "port": 1239,
             "num_attention_ranks": 4,
             "num_ffn_ranks": 2,
+            "rank_offset": 2,
             "compute_gate_on_attention": True,
             "connector_extra_config": {"timeout_s": 5, "connect_timeout_s": 30.5},
         }
     )
-    assert config.is_attention and config.compute_gate_on_attention
+    assert config.is_attention and config.compute_gate_on_attention and config.rank_offset == 2
     assert config.connector_extra_config == GlooExtraConfig(connect_timeout_s=30.5, timeout_s=5.0)
 
 
@@ -137,6 +138,39 @@ def test_ports_past_65535_name_port_and_num_ffn_ranks(port: int, f: int) -> None
         f"additional_config.afd.port={port} with additional_config.afd.num_ffn_ranks={f} is not "
         f"allowed: FFN rank k hosts its group on port + k, up to {port + f - 1}; "
         f"allowed: port <= {65536 - f}"
+    )
+
+
+@pytest.mark.parametrize(("role", "offset"), [("attention", 2), ("ffn", 1), ("attention", 0)])
+def test_rank_offset_up_to_the_last_rank_of_the_role_parses(role: str, offset: int) -> None:
+    section = {"role": role, "num_attention_ranks": 3, "num_ffn_ranks": 2, "rank_offset": offset}
+    assert parse_afd_config(section).rank_offset == offset
+
+
+@pytest.mark.parametrize(
+    ("role", "offset", "key", "ranks"),
+    [("attention", 3, "num_attention_ranks", 3), ("ffn", 2, "num_ffn_ranks", 2)],
+)
+def test_rank_offset_past_the_role_ranks_names_both_keys(
+    role: str, offset: int, key: str, ranks: int
+) -> None:
+    """An FFN engine is checked against num_ffn_ranks, an Attention engine against num_attention_ranks."""
+    section = {"role": role, "num_attention_ranks": 3, "num_ffn_ranks": 2, "rank_offset": offset}
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config(section)
+    assert str(raised.value) == (
+        f"additional_config.afd.rank_offset={offset} with additional_config.afd.{key}={ranks} is "
+        f"not allowed for role {role}: the engine's first worker would have no role rank; "
+        f"allowed: rank_offset <= {ranks - 1}"
+    )
+
+
+@pytest.mark.parametrize("value", [-1, 4096, 1.0, "1", True])
+def test_rank_offset_must_be_an_integer_in_range(value: object) -> None:
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "rank_offset": value})
+    assert str(raised.value) == (
+        f"additional_config.afd.rank_offset={value!r} is not allowed; allowed: an integer in 0..4095"
     )
 
 

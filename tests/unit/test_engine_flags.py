@@ -28,6 +28,7 @@ def engine(
     settings = {
         "pipeline_parallel_size": 1,
         "tensor_parallel_size": 1,
+        "data_parallel_size": 1,
         "enable_dbo": False,
         "ubatch_size": 1,
         "enable_eplb": False,
@@ -114,9 +115,26 @@ def test_refused_flags_name_the_flag_its_value_and_the_alternative(role: str, ca
 @pytest.mark.parametrize("size", [2, 4])
 def test_any_tensor_parallel_size_above_one_is_refused(role: str, size: int) -> None:
     """FFN TP partners would get different Attention ranks' tokens (ranks are numbered over DP x TP)."""
-    refuse_unsupported(engine(tensor_parallel_size=1, data_parallel_size=2), afd(role))
+    refuse_unsupported(engine(tensor_parallel_size=1), afd(role))
     with pytest.raises(AFDConfigError, match=f"--tensor-parallel-size={size} .*\\({role} role\\)"):
         refuse_unsupported(engine(tensor_parallel_size=size), afd(role))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_data_parallel_is_refused_on_the_ffn_engine_only(size: int) -> None:
+    """Attention DP ranks step in lockstep and each serves its own requests; FFN DP ranks would
+    share a MoE collective while serving different peers, so each FFN rank is its own engine."""
+    refuse_unsupported(engine(data_parallel_size=size), afd("attention", num_attention_ranks=size))
+    refuse_unsupported(engine(), afd("ffn", num_attention_ranks=size, num_ffn_ranks=size))
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(
+            engine(data_parallel_size=size),
+            afd("ffn", num_attention_ranks=size, num_ffn_ranks=size),
+        )
+    message = str(error.value)
+    assert f"--data-parallel-size={size} is not supported on the AFD FFN role" in message
+    assert "allowed: 1. Start one FFN engine per FFN rank" in message
+    assert "additional_config.afd.rank_offset" in message
 
 
 def test_the_loopback_connector_on_an_ffn_engine_never_reaches_the_flag_check() -> None:

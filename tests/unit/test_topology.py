@@ -10,6 +10,7 @@ import pytest
 from afd_models.topology import (
     MAX_PORT,
     TopologyError,
+    check_attention_engine,
     check_ports,
     check_topology,
     ffn_rank_of_attention,
@@ -172,6 +173,71 @@ def test_role_rank_is_dense_dp_major(dp: int, tp: int) -> None:
 def test_role_rank_rejects_impossible_positions(dp: int, tp_rank: int, tp: int) -> None:
     with pytest.raises(TopologyError, match=f"dp_rank={dp}, tp_rank={tp_rank}, tp_size={tp}"):
         role_rank(dp, tp_rank, tp)
+    with pytest.raises(TopologyError, match="rank_offset=-1"):
+        role_rank(0, 0, 1, rank_offset=-1)
+
+
+@pytest.mark.parametrize(("sizes", "tp"), [((2, 1), 1), ((1, 1, 1), 1), ((3,), 1), ((1, 2), 2)])
+def test_engines_with_offsets_number_the_role_without_gaps_or_overlaps(
+    sizes: tuple[int, ...], tp: int
+) -> None:
+    """Engines of DP sizes ``sizes`` started with rank_offset = the workers before them."""
+    ranks = []
+    offset = 0
+    for dp in sizes:
+        ranks += [role_rank(d, t, tp, rank_offset=offset) for d in range(dp) for t in range(tp)]
+        offset += dp * tp
+    assert ranks == list(range(offset))
+
+
+def _engine_splits(a: int) -> list[list[tuple[int, int]]]:
+    """Every way to cut Attention ranks 0..a-1 into consecutive engines: (first rank, size) each."""
+    splits = []
+    for cuts in itertools.product([False, True], repeat=a - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [a]
+        splits.append([(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)])
+    return splits
+
+
+@pytest.mark.parametrize(("a", "f"), [(a, f) for a, f in GRID if a <= 7])
+def test_an_attention_engine_must_hold_whole_ffn_groups(a: int, f: int) -> None:
+    """Over every split of the Attention ranks into engines: the split is accepted exactly when
+    no FFN rank's peers span two engines (they would not step in lockstep)."""
+    for split in _engine_splits(a):
+        engine_of = {
+            r: i for i, (first, size) in enumerate(split) for r in range(first, first + size)
+        }
+        whole = all(
+            len({engine_of[r] for r in group.attention_ranks}) == 1
+            for group in groups(a, f, BASE_PORT)
+        )
+        refused = []
+        for first, size in split:
+            try:
+                check_attention_engine(first, size, a, f)
+            except TopologyError:
+                refused.append((first, size))
+        assert (not refused) == whole, (split, refused)
+
+
+def test_a_group_split_over_engines_is_named() -> None:
+    """2A1F from two separate engines: the FFN rank would wait on whichever engine is idle."""
+    with pytest.raises(TopologyError) as raised:
+        check_attention_engine(1, 1, 2, 1)
+    assert str(raised.value).startswith(
+        "FFN rank 0 of 2A1F serves attention ranks [0, 1], but the engine of ranks 1..1 holds only [1]"
+    )
+    check_attention_engine(0, 2, 2, 1)  # one DP engine: accepted
+    check_attention_engine(2, 1, 3, 2)  # 3A2F: DP 2 engine for FFN 0, one engine for FFN 1
+    check_attention_engine(0, 2, 3, 2)
+
+
+@pytest.mark.parametrize(("first", "size", "a"), [(2, 2, 3), (-1, 1, 2), (0, 0, 2)])
+def test_an_attention_engine_outside_the_deployment_is_refused(
+    first: int, size: int, a: int
+) -> None:
+    with pytest.raises(TopologyError, match=f"outside 0..{a - 1}"):
+        check_attention_engine(first, size, a, 1)
 
 
 @pytest.mark.parametrize(("port", "f"), [(65535, 1), (65534, 2), (1, 4096)])

@@ -176,3 +176,10 @@ class AFDFFNWorker(CPUWorker):
         server = getattr(self.model_runner, "afd_server", None)
         if server is not None:
             server.raise_if_failed()
+
+    @extend
+    def afd_ffn_steps(self) -> list[dict[str, object]]:
+        """The FFN server's recent steps (``collective_rpc("afd_ffn_steps")``): what each
+        Attention peer announced and what this FFN rank computed on."""
+        server = getattr(self.model_runner, "afd_server", None)
+        return [] if server is None else server.recent_steps()

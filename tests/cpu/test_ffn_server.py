@@ -1,0 +1,131 @@
+"""The FFN server loop (afd_models.ffn_server.FFNServer) over a scripted connector: per-step token
+counts from its own peers' headers, the rows its layers really computed, the step record operators
+and the e2e tests read, and a failure kept instead of a silent thread death."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from vllm.config import VllmConfig
+
+from afd_models.connectors.base import AFDConnectionError, StepHeader
+from afd_models.ffn_server import FFNServer
+from afd_models.topology import group_of_ffn
+
+HIDDEN = 8
+LAYERS = [1, 2]
+
+
+class ScriptedConnector:
+    """FFN rank 0 of 3A2F (peers: Attention ranks 0 and 1) receiving scripted steps."""
+
+    def __init__(self, steps: list[tuple[int, ...]], rows_sent: list[int] | None = None):
+        self.group = group_of_ffn(0, 3, 2, 29650)
+        self.steps = list(steps)
+        self.rows_sent = rows_sent  # rows actually delivered per step, when not the announced sum
+        self.current = 0
+        self.outputs: list[tuple[int, torch.Tensor]] = []
+        self.done = threading.Event()
+
+    def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
+        if not self.steps:
+            self.done.set()
+            stop.wait(30)
+            return None
+        counts = self.steps.pop(0)
+        self.current = sum(counts) if self.rows_sent is None else self.rows_sent.pop(0)
+        return [StepHeader(0, n, HIDDEN, torch.float32) for n in counts]
+
+    def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return torch.full((self.current, HIDDEN), float(layer_idx)), None
+
+    def send(self, layer_idx: int, output: torch.Tensor) -> None:
+        self.outputs.append((layer_idx, output))
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class DoublingModel:
+    def ffn_layer_indices(self) -> list[int]:
+        return LAYERS
+
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return hidden_states * 2
+
+
+def _serve(connector: ScriptedConnector, failures: list[BaseException]) -> FFNServer:
+    config = VllmConfig(
+        additional_config={"afd": {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2}}
+    )
+    server = FFNServer(
+        DoublingModel(),
+        config,
+        connector,
+        hidden_size=HIDDEN,
+        dtype=torch.float32,
+        on_failure=failures.append,
+    )
+    server.start()
+    deadline = time.monotonic() + 60
+    while not (connector.done.is_set() or failures):
+        assert time.monotonic() < deadline, "the scripted steps were not served within 60 s"
+        time.sleep(0.01)
+    server.stop()
+    return server
+
+
+def test_steps_are_computed_on_the_sum_of_the_peers_tokens_and_recorded() -> None:
+    failures: list[BaseException] = []
+    connector = ScriptedConnector([(3, 5), (1, 1), (0, 2)])
+    server = _serve(connector, failures)
+    assert not failures
+    assert server.recent_steps() == [
+        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [8, 8]},
+        {"step": 1, "peers": {0: 1, 1: 1}, "tokens": 2, "rows": [2, 2]},
+        {"step": 2, "peers": {0: 0, 1: 2}, "tokens": 2, "rows": [2, 2]},
+    ]
+    assert [(layer, out.shape[0]) for layer, out in connector.outputs] == [
+        (1, 8),
+        (2, 8),
+        (1, 2),
+        (2, 2),
+        (1, 2),
+        (2, 2),
+    ]
+    assert all(
+        torch.equal(out, torch.full_like(out, 2.0 * layer)) for layer, out in connector.outputs
+    )
+
+
+def test_rows_record_what_arrived_not_what_was_announced() -> None:
+    """The step record reads the tensors' rows, so a connector delivering other rows than its
+    headers announced shows in it (the e2e tests compare the two)."""
+    failures: list[BaseException] = []
+    server = _serve(ScriptedConnector([(3, 5)], rows_sent=[7]), failures)
+    assert server.recent_steps() == [
+        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [7, 7]}
+    ]
+
+
+def test_headers_of_another_shape_end_the_loop_with_the_error_kept() -> None:
+    failures: list[BaseException] = []
+
+    class WrongWidth(ScriptedConnector):
+        def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
+            headers = super().wait_step(stop)
+            return None if headers is None else [StepHeader(0, 1, HIDDEN + 1, torch.float32)] * 2
+
+    server = _serve(WrongWidth([(1, 1)]), failures)
+    assert len(failures) == 1 and isinstance(failures[0], AFDConnectionError)
+    assert "hidden size 9" in str(failures[0]) and server.steps == 0
+    with pytest.raises(RuntimeError, match="the AFD FFN server failed"):
+        server.raise_if_failed()

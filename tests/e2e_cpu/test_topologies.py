@@ -1,0 +1,243 @@
+"""Topologies beyond 1A1F end to end: 2A1F, 2A2F and 3A2F as separate ``vllm serve`` processes.
+
+Attention ranks come from vLLM data parallel inside one Attention engine (``--data-parallel-size``)
+and from several Attention engines, each naming its first rank with ``rank_offset``; every FFN
+rank is its own engine (the FFN role refuses vLLM DP). For each topology:
+
+* greedy tokens of every Attention engine equal a plain vLLM baseline, token for token;
+* every step each FFN rank served came from exactly the Attention ranks the ``a * F // A`` rule
+  gives it (written out below, not computed with the code under test), and it computed on the
+  sum of their tokens: the rows its layers received equal the sum of the counts its peers
+  announced, including steps where peers carried different counts;
+* the memory of every engine is measured (peak RSS and PSS); the deployment's peak RSS, summed
+  over its processes (an upper bound: they share library pages), fits this machine.
+
+Like the pair tests, sequences are decoded one per rank (``--max-num-seqs 1``) on both sides, so
+each is computed in the same batch shape as on the baseline; the tiny model's large logit margins
+keep greedy tokens stable when an FFN rank computes two peers' rows in one batch. Engines run
+eagerly: compiled mode is covered by test_serve_pair.py, and these tests are about ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from afd_models.testing import serve
+from afd_models.testing.tiny_models import write_tiny_model
+
+PROMPTS = [
+    "Hello world, the license",
+    "The quick brown fox jumps over the lazy dog again",
+    "Numbers like 0 1 2",
+    "Attention and experts, served apart",
+]
+MAX_TOKENS = 16
+START_TIMEOUT_S = 600
+#: one sequence per engine step and rank, a small KV cache per Attention worker
+ENGINE_ARGS = ("--max-num-seqs", "1")
+ATTENTION_ARGS = (*ENGINE_ARGS, "--kv-cache-memory-bytes", "128M")
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc, to read the FFN workers' steps
+#: this machine's memory; the whole deployment (and the baseline, stopped before) must fit
+MACHINE_BYTES = 24 * 2**30
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    #: DP size of each Attention engine; engine i's rank_offset is the ranks before it
+    attention_engines: tuple[int, ...]
+    #: Attention ranks each FFN rank serves, by the a * F // A rule, written out
+    peers: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_attention_ranks(self) -> int:
+        return sum(self.attention_engines)
+
+    @property
+    def num_ffn_ranks(self) -> int:
+        return len(self.peers)
+
+
+TOPOLOGIES = [
+    Topology("2A1F", attention_engines=(2,), peers=((0, 1),)),
+    Topology("2A2F", attention_engines=(2,), peers=((0,), (1,))),
+    Topology("3A2F", attention_engines=(2, 1), peers=((0, 1), (2,))),
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        tmp_path_factory.mktemp("model") / "tiny", "v2", seed=0, dtype="float32", margin_scale=50.0
+    )
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+def _complete_all(server: serve.Server) -> list[list[int]]:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: serve.complete(server, p, MAX_TOKENS), PROMPTS))
+
+
+@dataclass(frozen=True)
+class Baseline:
+    #: greedy tokens of each prompt
+    tokens: list[list[int]]
+    #: token count of each prompt
+    prompt_lengths: list[int]
+
+
+@pytest.fixture(scope="module")
+def baseline(model: Path, logs: Path) -> Baseline:
+    """Plain vLLM's greedy tokens, eager, one sequence per step; the server is stopped after."""
+    server = serve.start(
+        "baseline-eager",
+        model,
+        serve.free_port(),
+        logs,
+        cpu=serve.cpu(0),
+        extra=ENGINE_ARGS,
+        eager=True,
+    )
+    try:
+        serve.wait_ready([server], START_TIMEOUT_S)
+        tokens = _complete_all(server)
+        lengths = [
+            serve.post(server, "/tokenize", {"model": "tiny", "prompt": p})[1]["count"]
+            for p in PROMPTS
+        ]
+    finally:
+        serve.stop(server)
+    assert all(len(t) == MAX_TOKENS for t in tokens)
+    assert len(set(lengths)) == len(PROMPTS) and min(lengths) > 1, (
+        lengths
+    )  # each prefill is told apart
+    return Baseline(tokens, lengths)
+
+
+def _start(
+    topology: Topology, model: Path, logs: Path
+) -> tuple[list[serve.Server], list[serve.Server]]:
+    """The FFN engines (one per FFN rank) and the Attention engines of ``topology``."""
+    afd = {
+        "port": serve.free_port(),
+        "num_attention_ranks": topology.num_attention_ranks,
+        "num_ffn_ranks": topology.num_ffn_ranks,
+        "connector_extra_config": {"timeout_s": 30, "connect_timeout_s": 300},
+    }
+    ffns, attentions = [], []
+    try:
+        for k in range(topology.num_ffn_ranks):
+            ffns.append(
+                serve.start_ffn(
+                    f"{topology.name}-ffn{k}",
+                    model,
+                    serve.free_port(),
+                    logs,
+                    {**afd, "rank_offset": k},
+                    cpu=serve.cpu(k),
+                    env=DEV_MODE,
+                    eager=True,
+                    extra=ENGINE_ARGS,
+                )
+            )
+        offset = 0
+        for i, dp in enumerate(topology.attention_engines):
+            dp_args = ("--data-parallel-size", str(dp)) if dp > 1 else ()
+            attentions.append(
+                serve.start_attention(
+                    f"{topology.name}-attention{i}",
+                    model,
+                    serve.free_port(),
+                    logs,
+                    {**afd, "rank_offset": offset},
+                    # one CPU per DP rank: vLLM splits the binding at "|"
+                    cpu="|".join(serve.cpu(offset + r) for r in range(dp)),
+                    eager=True,
+                    extra=(*ATTENTION_ARGS, *dp_args),
+                )
+            )
+            offset += dp
+    except BaseException:
+        for server in ffns + attentions:
+            serve.stop(server)
+        raise
+    return ffns, attentions
+
+
+@pytest.fixture(scope="module")
+def memory(logs: Path) -> Iterator[dict[str, tuple[int, int]]]:
+    """Per engine: peak RSS (the sum of its processes' peaks) and PSS after serving, in bytes;
+    written to ``logs/engine_memory.json`` and printed (docs/testing.md quotes a run)."""
+    measured: dict[str, tuple[int, int]] = {}
+    yield measured
+    (logs / "engine_memory.json").write_text(json.dumps(measured, indent=1))
+    print("\nengine memory, MiB (peak RSS, PSS):")
+    for engine, (rss, pss) in measured.items():
+        print(f"  {engine}: {rss // 2**20}, {pss // 2**20}")
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda t: t.name)
+def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
+    topology: Topology,
+    model: Path,
+    logs: Path,
+    baseline: Baseline,
+    memory: dict[str, tuple[int, int]],
+) -> None:
+    ffns, attentions = _start(topology, model, logs)
+    servers = ffns + attentions
+    try:
+        serve.wait_ready(servers, START_TIMEOUT_S)
+        # steps before the requests: vLLM's profiling forward of each Attention rank
+        served_from = [len(serve.ffn_steps(ffn)) for ffn in ffns]
+        with ThreadPoolExecutor(len(attentions)) as pool:
+            outputs = list(pool.map(_complete_all, attentions))
+        for attention, tokens in zip(attentions, outputs, strict=True):
+            assert tokens == baseline.tokens, attention.name
+
+        counts_of_rank: dict[int, list[int]] = {}  # Attention rank -> its count in every step
+        uneven = 0
+        for ffn, peers, first in zip(ffns, topology.peers, served_from, strict=True):
+            steps = [step for step in serve.ffn_steps(ffn) if step["step"] >= first]
+            assert len(steps) >= MAX_TOKENS, (ffn.name, len(steps))
+            for step in steps:
+                assert sorted(step["peers"]) == list(peers), (ffn.name, step)
+                total = sum(step["peers"].values())
+                assert step["tokens"] == total, (ffn.name, step)
+                assert step["rows"] and set(step["rows"]) == {total}, (ffn.name, step)
+                uneven += len(set(step["peers"].values())) > 1
+                for rank, count in step["peers"].items():
+                    counts_of_rank.setdefault(rank, []).append(count)
+        if any(len(p) > 1 for p in topology.peers):
+            assert uneven, "no step where an FFN rank's peers carried different token counts"
+        # one sequence per step and rank: a step of more than one token is a prefill, and each
+        # engine's prompts were prefilled by its ranks, so their step counts above one are
+        # exactly the prompt lengths
+        offset = 0
+        for attention, dp in zip(attentions, topology.attention_engines, strict=True):
+            prefills = [c for r in range(offset, offset + dp) for c in counts_of_rank[r] if c > 1]
+            assert sorted(prefills) == sorted(baseline.prompt_lengths), attention.name
+            offset += dp
+
+        for server in servers:
+            engine = f"{topology.name}/{server.name.removeprefix(topology.name + '-')}"
+            memory[engine] = (serve.peak_rss_bytes(server), serve.pss_bytes(server))
+        deployment = sum(
+            memory[f"{topology.name}/{s.name.removeprefix(topology.name + '-')}"][0]
+            for s in servers
+        )
+        assert 0 < deployment < MACHINE_BYTES, deployment
+    finally:
+        for server in attentions + ffns:
+            serve.stop(server)
+    assert not any(serve.group_alive(s) for s in servers)
