@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from afd_models.testing import serve
-from afd_models.testing.tiny_models import write_tiny_model
 
 PROMPTS = [
     "Hello world, the license",
@@ -35,18 +34,6 @@ MAX_TOKENS = 24
 TIMEOUT_S = 10
 #: engine start-up, including the Attention engine's compilation on 2 shared cores
 START_TIMEOUT_S = 600
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", "v2", seed=0, dtype="float32", margin_scale=50.0
-    )
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("logs")
 
 
 #: one sequence per engine step: the same batch shapes on the baseline and the AFD pair

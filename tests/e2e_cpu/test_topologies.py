@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 
 from afd_models.testing import serve
-from afd_models.testing.tiny_models import write_tiny_model
 
 PROMPTS = [
     "Hello world, the license",
@@ -69,18 +68,6 @@ TOPOLOGIES = [
     Topology("2A2F", attention_engines=(2,), peers=((0,), (1,))),
     Topology("3A2F", attention_engines=(2, 1), peers=((0, 1), (2,))),
 ]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", "v2", seed=0, dtype="float32", margin_scale=50.0
-    )
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("logs")
 
 
 def _complete_all(server: serve.Server) -> list[list[int]]:
