@@ -78,15 +78,17 @@ class AFDConfig:
     #: address the connector's rendezvous listens on (FFN rank k hosts group k's): an IP
     #: literal or an RFC 1123 host name
     host: str = "127.0.0.1"
-    #: rendezvous port of FFN rank 0; FFN rank k uses port + k, so port + num_ffn_ranks - 1 <= 65535
+    #: rendezvous port of FFN rank 0; FFN rank k's TP rank t uses port + k * TP + t, so
+    #: port + num_ffn_ranks * TP - 1 <= 65535 (afd_models.topology.group_port)
     port: int = 29650
-    #: Attention workers in the deployment (DP x TP of the Attention engines); any number >=
-    #: num_ffn_ranks, Attention rank a being served by FFN rank a * num_ffn_ranks // num_attention_ranks
+    #: Attention DP ranks in the deployment (the DP sizes of the Attention engines summed; TP
+    #: ranks are lanes); any number >= num_ffn_ranks, Attention rank a being served by FFN rank
+    #: a * num_ffn_ranks // num_attention_ranks
     num_attention_ranks: int = 1
-    #: FFN workers in the deployment
+    #: FFN ranks in the deployment (one FFN engine each)
     num_ffn_ranks: int = 1
-    #: role rank of this engine's first worker: an engine's workers take the role ranks
-    #: rank_offset ... rank_offset + DP x TP - 1, so several engines of one role each name their own
+    #: role rank of this engine's first DP rank: an engine's DP ranks take the role ranks
+    #: rank_offset ... rank_offset + DP - 1, so several engines of one role each name their own
     rank_offset: int = 0
     #: run the MoE gate on Attention and send router logits with the hidden states
     compute_gate_on_attention: bool = False

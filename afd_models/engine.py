@@ -8,8 +8,8 @@
 * MLA cannot run on the CPU platform: say ``VLLM_MLA_DISABLE=1`` instead of failing deep inside;
 * engine flags the AFD runtime cannot serve are refused here, each naming its flag
   (:func:`refuse_unsupported`), instead of failing after the weights are loaded: among them
-  ``--tensor-parallel-size`` > 1 on both roles, until FFN TP partners get identical tokens (the
-  loopback connector on the FFN role is refused earlier, when the AFD section is parsed);
+  ``--data-parallel-size`` > 1 on the FFN role (the loopback connector on the FFN role is refused
+  earlier, when the AFD section is parsed);
 * the Attention worker's config copy lists the exchange op in ``compilation_config.splitting_ops``,
   so vLLM's piecewise compilation splits the graph at every exchange;
 * the FFN worker runs eagerly (it calls its layers per step, never the compiled forward) and
@@ -128,17 +128,6 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
             f"--pipeline-parallel-size={parallel.pipeline_parallel_size} is not supported with AFD "
             f"({role} role): the AFD split already takes the pipeline's place; allowed: 1. Scale with "
             "--data-parallel-size or more engines, and additional_config.afd.num_*_ranks"
-        )
-    if parallel.tensor_parallel_size > 1:
-        # Role ranks are numbered over DP x TP (afd_models.topology.role_rank), so FFN TP partners
-        # would get different Attention ranks' tokens although their outputs are all-reduced, and
-        # Attention TP partners would each send the same tokens. Refused until de-duplication lands.
-        raise AFDConfigError(
-            f"--tensor-parallel-size={parallel.tensor_parallel_size} is not supported with AFD yet "
-            f"({role} role): FFN TP partners must compute on identical tokens, but AFD numbers ranks "
-            "over DP x TP, so they would be given different Attention ranks' tokens, and Attention "
-            "TP partners would each send the same tokens; allowed: 1. Scale with separate engines "
-            "or --data-parallel-size, and additional_config.afd.num_attention_ranks / num_ffn_ranks"
         )
     if afd.is_ffn and parallel.data_parallel_size > 1:
         # vLLM DP would shard the experts over the FFN engine's ranks and gather every rank's

@@ -3,11 +3,13 @@
 Pure functions, no vLLM: every rule is unit-tested over a grid of topologies, and the live code
 calls these functions (the connector factory for groups, the FFN server for token counts).
 
-* A worker's **role rank** is its index among the workers of its role, numbered over DP x TP
-  within its engine from the engine's ``rank_offset``: ``rank_offset + dp_rank * tp_size +
-  tp_rank`` (:func:`role_rank`; PP is not supported by AFD). The engines refuse
-  ``--tensor-parallel-size`` > 1 for now (:func:`afd_models.engine.refuse_unsupported`), so today
-  a role rank is the offset plus a DP rank.
+* A worker's **role rank** is its index among the DP ranks of its role: its engine's
+  ``rank_offset`` plus its DP rank (:func:`role_rank`; PP is not supported by AFD). Its TP rank is
+  its **lane**: Attention rank ``a``'s TP rank ``t`` exchanges with TP rank ``t`` of the FFN rank
+  serving ``a``, so both roles run the same TP size. Attention TP partners hold the same hidden
+  states (vLLM all-reduces the attention output), so FFN TP partners receive identical tokens,
+  each from its own lane, and their MoE layers all-reduce as in plain vLLM; every lane gets the
+  reduced output back. No Attention rank's tokens are computed twice, and no role broadcasts.
 * An FFN rank takes one step header from each of its peers per step, so its peers must step in
   lockstep: the DP ranks of one vLLM engine serving a MoE model do (vLLM runs a dummy batch on an
   idle DP rank while another has work), separate engines do not. So every FFN group lies within
@@ -19,7 +21,8 @@ calls these functions (the connector factory for groups, the FFN server for toke
   ``floor(A/F)`` or ``ceil(A/F)``. 2A1F: [0, 1]; 3A2F: [0, 1], [2]; 4A2F: [0, 1], [2, 3];
   5A2F: [0, 1, 2], [3, 4].
 * Each such group is one connector process group, FFN first: the FFN worker is group rank 0, its
-  Attention peers follow in role-rank order. Group ``k`` meets at ``port + k``.
+  Attention peers follow in role-rank order. Group ``k`` of lane ``t`` meets at
+  ``port + k * tp_size + t`` (:func:`group_port`): ``port + k`` without TP.
 * An FFN rank computes on the concatenation of its peers' tokens, so its step's token count is
   the sum over its own peers (:func:`ffn_token_counts`: 4A2F with [3, 5, 7, 11] -> [8, 18], 3A2F
   with [3, 5, 7] -> [8, 7]), while each peer's own count sizes that peer's rows
@@ -49,25 +52,32 @@ def check_topology(num_attention_ranks: int, num_ffn_ranks: int) -> None:
         )
 
 
-def check_ports(base_port: int, num_ffn_ranks: int) -> None:
-    """Raise unless the ports ``base_port ... base_port + num_ffn_ranks - 1`` all exist."""
-    last = base_port + num_ffn_ranks - 1
+def check_ports(base_port: int, num_ffn_ranks: int, tp_size: int = 1) -> None:
+    """Raise unless the ports ``base_port ... base_port + num_ffn_ranks * tp_size - 1`` all exist."""
+    last = base_port + num_ffn_ranks * tp_size - 1
     if base_port < 1 or last > MAX_PORT:
+        lanes = f" x TP size {tp_size}" if tp_size > 1 else ""
         raise TopologyError(
-            f"port={base_port} with {num_ffn_ranks} FFN ranks needs ports {base_port}..{last}; "
+            f"port={base_port} with {num_ffn_ranks} FFN ranks{lanes} needs ports {base_port}..{last}; "
             f"allowed: 1..{MAX_PORT}"
         )
 
 
-def role_rank(dp_rank: int, tp_rank: int, tp_size: int, rank_offset: int = 0) -> int:
-    """Index of a worker among the workers of its role: the engine's offset, then DP rank major,
-    TP rank minor."""
-    if tp_size < 1 or not 0 <= tp_rank < tp_size or dp_rank < 0 or rank_offset < 0:
+def group_port(base_port: int, ffn_rank: int, lane: int, tp_size: int) -> int:
+    """Where FFN rank ``ffn_rank``'s group of lane ``lane`` meets: an FFN engine's ports are
+    consecutive."""
+    if not 0 <= lane < tp_size:
+        raise TopologyError(f"TP lane {lane} is outside 0..{tp_size - 1}")
+    return base_port + ffn_rank * tp_size + lane
+
+
+def role_rank(dp_rank: int, rank_offset: int = 0) -> int:
+    """A worker's index among the DP ranks of its role: its engine's offset plus its DP rank."""
+    if dp_rank < 0 or rank_offset < 0:
         raise TopologyError(
-            f"dp_rank={dp_rank}, tp_rank={tp_rank}, tp_size={tp_size}, rank_offset={rank_offset} "
-            "is not a valid worker position"
+            f"dp_rank={dp_rank}, rank_offset={rank_offset} is not a valid worker position"
         )
-    return rank_offset + dp_rank * tp_size + tp_rank
+    return rank_offset + dp_rank
 
 
 def check_attention_engine(
@@ -104,14 +114,16 @@ def ffn_rank_of_attention(attention_rank: int, num_attention_ranks: int, num_ffn
 
 @dataclass(frozen=True)
 class Group:
-    """One connector process group: an FFN rank and the Attention ranks it serves."""
+    """One connector process group: an FFN rank and the Attention ranks it serves, in one TP lane."""
 
-    #: the FFN role rank (also the group index)
+    #: the FFN role rank (also the group index within its lane)
     ffn_rank: int
     #: Attention role ranks in the group, in group-rank order 1, 2, ...
     attention_ranks: tuple[int, ...]
     #: rendezvous port of this group
     port: int
+    #: the TP rank of every worker in the group
+    lane: int = 0
 
     @property
     def size(self) -> int:
@@ -129,29 +141,52 @@ def _members(num_attention_ranks: int, num_ffn_ranks: int) -> list[tuple[int, ..
     return [tuple(ranks) for ranks in members]
 
 
-def groups(num_attention_ranks: int, num_ffn_ranks: int, base_port: int) -> list[Group]:
-    """Every connector group of the deployment, FFN first, group ``k`` at ``base_port + k``."""
+def groups(
+    num_attention_ranks: int,
+    num_ffn_ranks: int,
+    base_port: int,
+    *,
+    tp_size: int = 1,
+    lane: int = 0,
+) -> list[Group]:
+    """The connector groups of one TP lane, FFN rank ``k``'s at :func:`group_port`."""
     check_topology(num_attention_ranks, num_ffn_ranks)
-    check_ports(base_port, num_ffn_ranks)
+    check_ports(base_port, num_ffn_ranks, tp_size)
     return [
-        Group(k, ranks, base_port + k)
+        Group(k, ranks, group_port(base_port, k, lane, tp_size), lane)
         for k, ranks in enumerate(_members(num_attention_ranks, num_ffn_ranks))
     ]
 
 
 def group_of_attention(
-    attention_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int
+    attention_rank: int,
+    num_attention_ranks: int,
+    num_ffn_ranks: int,
+    base_port: int,
+    *,
+    tp_size: int = 1,
+    lane: int = 0,
 ) -> Group:
     ffn_rank = ffn_rank_of_attention(attention_rank, num_attention_ranks, num_ffn_ranks)
-    return groups(num_attention_ranks, num_ffn_ranks, base_port)[ffn_rank]
+    return groups(num_attention_ranks, num_ffn_ranks, base_port, tp_size=tp_size, lane=lane)[
+        ffn_rank
+    ]
 
 
 def group_of_ffn(
-    ffn_rank: int, num_attention_ranks: int, num_ffn_ranks: int, base_port: int
+    ffn_rank: int,
+    num_attention_ranks: int,
+    num_ffn_ranks: int,
+    base_port: int,
+    *,
+    tp_size: int = 1,
+    lane: int = 0,
 ) -> Group:
     if not 0 <= ffn_rank < num_ffn_ranks:
         raise TopologyError(f"FFN role rank {ffn_rank} is outside 0..{num_ffn_ranks - 1}")
-    return groups(num_attention_ranks, num_ffn_ranks, base_port)[ffn_rank]
+    return groups(num_attention_ranks, num_ffn_ranks, base_port, tp_size=tp_size, lane=lane)[
+        ffn_rank
+    ]
 
 
 def ffn_token_counts(

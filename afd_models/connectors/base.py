@@ -105,6 +105,9 @@ class Fingerprint:
     num_attention_ranks: int
     #: ``num_ffn_ranks`` of the sender's AFD config
     num_ffn_ranks: int
+    #: the sender engine's ``--tensor-parallel-size``: TP rank t of one role exchanges with TP
+    #: rank t of the other, so both run the same size
+    tensor_parallel_size: int
     #: ``compute_gate_on_attention`` of the sender's AFD config
     compute_gate_on_attention: bool
     #: the remote layers, in forward order (Attention: its proxies; FFN: the layers it computes)
@@ -119,7 +122,7 @@ class Fingerprint:
     version: str
 
     #: format tag: a peer without it, or with another value, is not a peer of this format
-    FORMAT = "afd-fingerprint/1"
+    FORMAT = "afd-fingerprint/2"
     LENGTH = struct.Struct("!I")
     #: the most bytes a fingerprint may announce (a real one is well under 4 KiB)
     MAX_BYTES = 1 << 20
@@ -128,7 +131,7 @@ class Fingerprint:
     def bare(role_rank: int) -> Fingerprint:
         """A fingerprint with no engine behind it (benchmarks and tests that move raw tensors);
         it matches only another bare one."""
-        return Fingerprint(role_rank, 0, 0, False, (), 0, "", "", "")
+        return Fingerprint(role_rank, 0, 0, 0, False, (), 0, "", "", "")
 
     def encode(self) -> bytes:
         payload = json.dumps(
@@ -185,6 +188,7 @@ _FIELD_TYPES = {
     "role_rank": ("an integer", _is_int),
     "num_attention_ranks": ("an integer", _is_int),
     "num_ffn_ranks": ("an integer", _is_int),
+    "tensor_parallel_size": ("an integer", _is_int),
     "compute_gate_on_attention": ("true or false", lambda v: isinstance(v, bool)),
     "layers": ("a list of integers", lambda v: isinstance(v, list) and all(map(_is_int, v))),
     "hidden_size": ("an integer", _is_int),

@@ -16,6 +16,7 @@ from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
 from afd_models.topology import (
     TopologyError,
     check_attention_engine,
+    check_ports,
     group_of_attention,
     group_of_ffn,
     role_rank,
@@ -30,30 +31,38 @@ _UNIDENTIFYING_KEYS = ("_name_or_path", "transformers_version")
 AttentionConnect = Callable[[nn.Module], AFDConnector]
 
 
-def worker_role_rank(vllm_config: VllmConfig, tp_rank: int) -> int:
-    """This worker's index among the workers of its role, after checking that the engine's
-    workers (``rank_offset`` ... ``rank_offset + DP x TP - 1``) fit the configured count and, on
-    the Attention role, hold only whole FFN groups."""
+def worker_role_rank(vllm_config: VllmConfig) -> int:
+    """This worker's index among the DP ranks of its role (its TP rank is its lane), after checking
+    that the engine's DP ranks (``rank_offset`` ... ``rank_offset + DP - 1``) fit the configured
+    count, that its lanes' ports exist and, on the Attention role, that it holds only whole FFN
+    groups."""
     parallel = vllm_config.parallel_config
     afd = require_afd_config(vllm_config.additional_config)
-    dp_size = parallel.data_parallel_size
+    dp_size, tp_size = parallel.data_parallel_size, parallel.tensor_parallel_size
     dp_rank = parallel.data_parallel_rank if dp_size > 1 else 0
-    tp_size = parallel.tensor_parallel_size
-    first, size = afd.rank_offset, dp_size * tp_size
+    first = afd.rank_offset
     configured = afd.num_attention_ranks if afd.is_attention else afd.num_ffn_ranks
-    if first + size > configured:
+    if first + dp_size > configured:
         key = "num_attention_ranks" if afd.is_attention else "num_ffn_ranks"
         raise AFDConfigError(
             f"additional_config.afd.{key}={configured} with additional_config.afd.rank_offset={first}, "
-            f"but this engine's {size} workers (DP size {dp_size} x TP size {tp_size}) take role ranks "
-            f"{first}..{first + size - 1}; allowed: rank_offset + DP size x TP size <= {key}"
+            f"but this engine's {dp_size} DP ranks take role ranks {first}..{first + dp_size - 1}; "
+            f"allowed: rank_offset + --data-parallel-size <= {key}"
         )
+    try:
+        check_ports(afd.port, afd.num_ffn_ranks, tp_size)
+    except TopologyError as exc:
+        raise AFDConfigError(
+            f"additional_config.afd.port={afd.port} with additional_config.afd.num_ffn_ranks="
+            f"{afd.num_ffn_ranks} and --tensor-parallel-size={tp_size}: {exc} (each FFN rank "
+            "hosts one group per TP rank)"
+        ) from exc
     if afd.is_attention:
         try:
-            check_attention_engine(first, size, afd.num_attention_ranks, afd.num_ffn_ranks)
+            check_attention_engine(first, dp_size, afd.num_attention_ranks, afd.num_ffn_ranks)
         except TopologyError as exc:
             raise AFDConfigError(f"additional_config.afd.rank_offset={first}: {exc}") from exc
-    return role_rank(dp_rank, tp_rank, tp_size, first)
+    return role_rank(dp_rank, first)
 
 
 def project_version() -> str:
@@ -94,6 +103,7 @@ def fingerprint(
         role_rank=rank,
         num_attention_ranks=afd.num_attention_ranks,
         num_ffn_ranks=afd.num_ffn_ranks,
+        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
         compute_gate_on_attention=afd.compute_gate_on_attention,
         layers=tuple(layers),
         hidden_size=model_config.get_hidden_size(),
@@ -122,9 +132,17 @@ def prepare_attention(vllm_config: VllmConfig, tp_rank: int) -> AttentionConnect
     from afd_models.connectors.gloo import GlooAttentionConnector
     from afd_models.models.remote import remote_layers
 
-    rank = worker_role_rank(vllm_config, tp_rank)
+    rank = worker_role_rank(vllm_config)
+    tp_size = vllm_config.parallel_config.tensor_parallel_size
     try:
-        group = group_of_attention(rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port)
+        group = group_of_attention(
+            rank,
+            afd.num_attention_ranks,
+            afd.num_ffn_ranks,
+            afd.port,
+            tp_size=tp_size,
+            lane=tp_rank,
+        )
     except TopologyError as exc:
         raise AFDConfigError(str(exc)) from exc
 
@@ -150,8 +168,11 @@ def connect_ffn(vllm_config: VllmConfig, tp_rank: int, model: nn.Module) -> FFNC
     afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
     from afd_models.connectors.gloo import GlooFFNConnector
 
-    rank = worker_role_rank(vllm_config, tp_rank)
-    group = group_of_ffn(rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port)
+    rank = worker_role_rank(vllm_config)
+    tp_size = vllm_config.parallel_config.tensor_parallel_size
+    group = group_of_ffn(
+        rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
+    )
     layers = list(model.ffn_layer_indices())
     return GlooFFNConnector(
         afd.host, group, afd.connector_extra_config, fingerprint(vllm_config, afd, rank, layers)

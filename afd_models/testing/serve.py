@@ -289,11 +289,13 @@ def connector_stats(server: Server) -> dict[str, float]:
     return stats
 
 
-def ffn_steps(server: Server) -> list[dict[str, Any]]:
-    """The FFN worker's recent steps (:meth:`afd_models.ffn_server.FFNServer.recent_steps`; the
-    server must run with VLLM_SERVER_DEV_MODE=1), Attention ranks as ints."""
-    steps: list[dict[str, Any]] = collective_rpc(server, "afd_ffn_steps")[0]
-    return [{**step, "peers": {int(r): n for r, n in step["peers"].items()}} for step in steps]
+def ffn_steps(server: Server) -> list[list[dict[str, Any]]]:
+    """Each FFN worker's recent steps (:meth:`afd_models.ffn_server.FFNServer.recent_steps`), one
+    list per TP rank; the server must run with VLLM_SERVER_DEV_MODE=1. Attention ranks as ints."""
+    return [
+        [{**step, "peers": {int(r): n for r, n in step["peers"].items()}} for step in steps]
+        for steps in collective_rpc(server, "afd_ffn_steps")
+    ]
 
 
 def _sum_proc_field(server: Server, file: str, key: str) -> int:

@@ -53,6 +53,7 @@ def _fingerprint(
         role_rank=rank,
         num_attention_ranks=num_attention_ranks,
         num_ffn_ranks=num_ffn_ranks,
+        tensor_parallel_size=1,
         compute_gate_on_attention=False,
         layers=tuple(LAYERS),
         hidden_size=16,
@@ -276,6 +277,12 @@ MISMATCHES = {
         {"layers": (0, 1, 2)},
         "layers: attention rank 1 has [0-2], the FFN rank 0 has [0,2]",
     ),
+    "tensor parallel size": (
+        (2, 1),
+        (2, 1, 1),
+        {"tensor_parallel_size": 2},
+        "tensor_parallel_size: attention rank 1 has 2, the FFN rank 0 has 1",
+    ),
 }
 
 
@@ -356,7 +363,7 @@ def _rank_and(payload: bytes | None) -> bytes:
             _rank_and(b'{"format": "afd-fingerprint/0", "version": "0.0.9"}'),
             30,
             "received a malformed fingerprint: format 'afd-fingerprint/0', expected "
-            "'afd-fingerprint/1'; it says it runs vllm-afd-overlay 0.0.9",
+            "'afd-fingerprint/2'; it says it runs vllm-afd-overlay 0.0.9",
         ),
         (
             _rank_and(
@@ -431,7 +438,9 @@ def _engine_config(path: str, quantization: str | None = None, **model: object) 
         dtype=torch.bfloat16,
         get_hidden_size=lambda: hf_config.hidden_size,
     )
-    return SimpleNamespace(model_config=model_config)
+    return SimpleNamespace(
+        model_config=model_config, parallel_config=SimpleNamespace(tensor_parallel_size=1)
+    )
 
 
 def test_fingerprint_of_an_engine() -> None:
@@ -451,7 +460,7 @@ def test_fingerprint_of_an_engine() -> None:
     engine = _engine_config("/models/a")
     identity = model_identity(engine)
     assert fingerprint(engine, afd, 3, [1, 2]) == Fingerprint(
-        3, 4, 2, True, (1, 2), 64, "bfloat16", identity, project_version()
+        3, 4, 2, 1, True, (1, 2), 64, "bfloat16", identity, project_version()
     )
     assert identity.startswith("X config-sha256:") and len(identity) == len("X config-sha256:") + 16
     assert model_identity(_engine_config("/elsewhere/b")) == identity
@@ -460,38 +469,55 @@ def test_fingerprint_of_an_engine() -> None:
     assert project_version() == importlib.metadata.version("vllm-afd-overlay")
 
 
-def _parallel_engine(role: str, a: int, f: int, offset: int, dp_size: int, dp_rank: int) -> Any:
+def _parallel_engine(
+    role: str,
+    a: int,
+    f: int,
+    offset: int,
+    dp_size: int,
+    dp_rank: int,
+    tp_size: int = 1,
+    port: int = 29650,
+) -> Any:
     """What worker_role_rank reads of an engine config."""
     parallel = SimpleNamespace(
-        data_parallel_size=dp_size, data_parallel_rank=dp_rank, tensor_parallel_size=1
+        data_parallel_size=dp_size, data_parallel_rank=dp_rank, tensor_parallel_size=tp_size
     )
-    afd = {"role": role, "num_attention_ranks": a, "num_ffn_ranks": f, "rank_offset": offset}
+    afd = {
+        "role": role,
+        "num_attention_ranks": a,
+        "num_ffn_ranks": f,
+        "rank_offset": offset,
+        "port": port,
+    }
     return SimpleNamespace(parallel_config=parallel, additional_config={"afd": afd})
 
 
 @pytest.mark.parametrize(
-    ("role", "a", "f", "offset", "dp_size", "ranks"),
+    ("role", "a", "f", "offset", "dp_size", "tp_size", "ranks"),
     [
-        ("attention", 3, 2, 0, 2, [0, 1]),  # 3A2F: a DP 2 engine serves FFN rank 0's peers
-        ("attention", 3, 2, 2, 1, [2]),  # ... and a second engine FFN rank 1's
-        ("attention", 2, 2, 1, 1, [1]),  # 2A2F from two engines
-        ("ffn", 3, 2, 1, 1, [1]),  # one FFN engine per FFN rank
+        ("attention", 3, 2, 0, 2, 1, [0, 1]),  # 3A2F: a DP 2 engine serves FFN rank 0's peers
+        ("attention", 3, 2, 2, 1, 1, [2]),  # ... and a second engine FFN rank 1's
+        ("attention", 2, 2, 1, 1, 1, [1]),  # 2A2F from two engines
+        ("ffn", 3, 2, 1, 1, 1, [1]),  # one FFN engine per FFN rank
+        ("attention", 2, 1, 0, 2, 2, [0, 1]),  # TP ranks are lanes, not role ranks
+        ("ffn", 2, 1, 0, 1, 4, [0]),
     ],
 )
-def test_worker_role_rank_counts_from_the_engines_offset(
-    role: str, a: int, f: int, offset: int, dp_size: int, ranks: list[int]
+def test_worker_role_rank_counts_dp_ranks_from_the_engines_offset(
+    role: str, a: int, f: int, offset: int, dp_size: int, tp_size: int, ranks: list[int]
 ) -> None:
     from afd_models.connectors.factory import worker_role_rank
 
     got = [
-        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, dp_rank), 0)
+        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, dp_rank, tp_size))
         for dp_rank in range(dp_size)
     ]
     assert got == ranks
 
 
 @pytest.mark.parametrize(
-    ("role", "a", "f", "offset", "dp_size", "message"),
+    ("role", "a", "f", "offset", "dp_size", "tp_size", "port", "message"),
     [
         (
             "attention",
@@ -499,6 +525,8 @@ def test_worker_role_rank_counts_from_the_engines_offset(
             1,
             1,
             1,
+            1,
+            29650,
             "additional_config.afd.rank_offset=1: FFN rank 0 of 2A1F serves attention ranks "
             "[0, 1], but the engine of ranks 1..1 holds only [1]",
         ),
@@ -508,6 +536,8 @@ def test_worker_role_rank_counts_from_the_engines_offset(
             2,
             1,
             2,
+            1,
+            29650,
             "additional_config.afd.rank_offset=1: FFN rank 0 of 3A2F serves attention ranks "
             "[0, 1], but the engine of ranks 1..2 holds only [1]",
         ),
@@ -517,18 +547,32 @@ def test_worker_role_rank_counts_from_the_engines_offset(
             2,
             2,
             2,
+            1,
+            29650,
             "additional_config.afd.num_attention_ranks=3 with additional_config.afd.rank_offset=2, "
-            "but this engine's 2 workers (DP size 2 x TP size 1) take role ranks 2..3; allowed: "
-            "rank_offset + DP size x TP size <= num_attention_ranks",
+            "but this engine's 2 DP ranks take role ranks 2..3; allowed: "
+            "rank_offset + --data-parallel-size <= num_attention_ranks",
+        ),
+        (
+            "ffn",
+            2,
+            2,
+            0,
+            1,
+            2,
+            65533,
+            "additional_config.afd.port=65533 with additional_config.afd.num_ffn_ranks=2 and "
+            "--tensor-parallel-size=2: port=65533 with 2 FFN ranks x TP size 2 needs ports "
+            "65533..65536; allowed: 1..65535 (each FFN rank hosts one group per TP rank)",
         ),
     ],
 )
 def test_engines_that_do_not_fit_the_topology_are_refused_before_loading(
-    role: str, a: int, f: int, offset: int, dp_size: int, message: str
+    role: str, a: int, f: int, offset: int, dp_size: int, tp_size: int, port: int, message: str
 ) -> None:
     from afd_models.config import AFDConfigError
     from afd_models.connectors.factory import worker_role_rank
 
     with pytest.raises(AFDConfigError) as raised:
-        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0), 0)
+        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))
     assert str(raised.value).startswith(message)

@@ -2,9 +2,12 @@
 
 Attention ranks come from vLLM data parallel inside one Attention engine (``--data-parallel-size``)
 and from several Attention engines, each naming its first rank with ``rank_offset``; every FFN
-rank is its own engine (the FFN role refuses vLLM DP). For each topology:
+rank is its own engine (the FFN role refuses vLLM DP). 1A1F-TP2 runs both roles with
+``--tensor-parallel-size 2``: TP rank t of Attention exchanges with TP rank t of the FFN. For each
+topology:
 
 * greedy tokens of every Attention engine equal a plain vLLM baseline, token for token;
+* FFN TP partners recorded the same steps (peers, counts, rows), each from its own lane;
 * every step each FFN rank served came from exactly the Attention ranks the ``a * F // A`` rule
   gives it (written out below, not computed with the code under test), and it computed on the
   sum of their tokens: the rows its layers received equal the sum of the counts its peers
@@ -53,6 +56,9 @@ class Topology:
     attention_engines: tuple[int, ...]
     #: Attention ranks each FFN rank serves, by the a * F // A rule, written out
     peers: tuple[tuple[int, ...], ...]
+    #: --tensor-parallel-size of every engine (TP rank t of one role exchanges with TP rank t
+    #: of the other)
+    tp: int = 1
 
     @property
     def num_attention_ranks(self) -> int:
@@ -67,6 +73,7 @@ TOPOLOGIES = [
     Topology("2A1F", attention_engines=(2,), peers=((0, 1),)),
     Topology("2A2F", attention_engines=(2,), peers=((0,), (1,))),
     Topology("3A2F", attention_engines=(2, 1), peers=((0, 1), (2,))),
+    Topology("1A1F-TP2", attention_engines=(1,), peers=((0,),), tp=2),
 ]
 
 
@@ -83,16 +90,33 @@ class Baseline:
     prompt_lengths: list[int]
 
 
+def _tp_args(tp: int) -> tuple[str, ...]:
+    return ("--tensor-parallel-size", str(tp)) if tp > 1 else ()
+
+
 @pytest.fixture(scope="module")
-def baseline(model: Path, logs: Path) -> Baseline:
+def baselines() -> dict[int, Baseline]:
+    """Plain vLLM baselines by TP size, made on first use (:func:`_baseline_for`)."""
+    return {}
+
+
+def _baseline_for(tp: int, baselines: dict[int, Baseline], model: Path, logs: Path) -> Baseline:
+    """A TP 2 engine sums its all-reduced partial results in another order than a TP 1 engine,
+    so each topology is compared with a baseline of its own TP size."""
+    if tp not in baselines:
+        baselines[tp] = _baseline(model, logs, tp)
+    return baselines[tp]
+
+
+def _baseline(model: Path, logs: Path, tp: int) -> Baseline:
     """Plain vLLM's greedy tokens, eager, one sequence per step; the server is stopped after."""
     server = serve.start(
-        "baseline-eager",
+        f"baseline-eager-tp{tp}",
         model,
         serve.free_port(),
         logs,
-        cpu=serve.cpu(0),
-        extra=ENGINE_ARGS,
+        cpu="|".join(serve.cpu(t) for t in range(tp)),
+        extra=(*ENGINE_ARGS, *_tp_args(tp)),
         eager=True,
     )
     try:
@@ -105,10 +129,14 @@ def baseline(model: Path, logs: Path) -> Baseline:
     finally:
         serve.stop(server)
     assert all(len(t) == MAX_TOKENS for t in tokens)
-    assert len(set(lengths)) == len(PROMPTS) and min(lengths) > 1, (
-        lengths
-    )  # each prefill is told apart
+    # distinct lengths above one, so each prompt's prefill step is told apart
+    assert len(set(lengths)) == len(PROMPTS) and min(lengths) > 1, lengths
     return Baseline(tokens, lengths)
+
+
+def _cpus(first: int, workers: int) -> str:
+    """One CPU per worker of an engine (DP x TP of them): vLLM splits the binding at "|"."""
+    return "|".join(serve.cpu(first + w) for w in range(workers))
 
 
 def _start(
@@ -131,10 +159,10 @@ def _start(
                     serve.free_port(),
                     logs,
                     {**afd, "rank_offset": k},
-                    cpu=serve.cpu(k),
+                    cpu=_cpus(k * topology.tp, topology.tp),
                     env=DEV_MODE,
                     eager=True,
-                    extra=ENGINE_ARGS,
+                    extra=(*ENGINE_ARGS, *_tp_args(topology.tp)),
                 )
             )
         offset = 0
@@ -147,10 +175,9 @@ def _start(
                     serve.free_port(),
                     logs,
                     {**afd, "rank_offset": offset},
-                    # one CPU per DP rank: vLLM splits the binding at "|"
-                    cpu="|".join(serve.cpu(offset + r) for r in range(dp)),
+                    cpu=_cpus(offset * topology.tp, dp * topology.tp),
                     eager=True,
-                    extra=(*ATTENTION_ARGS, *dp_args),
+                    extra=(*ATTENTION_ARGS, *dp_args, *_tp_args(topology.tp)),
                 )
             )
             offset += dp
@@ -178,15 +205,16 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
     topology: Topology,
     model: Path,
     logs: Path,
-    baseline: Baseline,
+    baselines: dict[int, Baseline],
     memory: dict[str, tuple[int, int]],
 ) -> None:
+    baseline = _baseline_for(topology.tp, baselines, model, logs)
     ffns, attentions = _start(topology, model, logs)
     servers = ffns + attentions
     try:
         serve.wait_ready(servers, START_TIMEOUT_S)
         # steps before the requests: vLLM's profiling forward of each Attention rank
-        served_from = [len(serve.ffn_steps(ffn)) for ffn in ffns]
+        served_from = [len(serve.ffn_steps(ffn)[0]) for ffn in ffns]
         with ThreadPoolExecutor(len(attentions)) as pool:
             outputs = list(pool.map(_complete_all, attentions))
         for attention, tokens in zip(attentions, outputs, strict=True):
@@ -195,7 +223,13 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
         counts_of_rank: dict[int, list[int]] = {}  # Attention rank -> its count in every step
         uneven = 0
         for ffn, peers, first in zip(ffns, topology.peers, served_from, strict=True):
-            steps = [step for step in serve.ffn_steps(ffn) if step["step"] >= first]
+            lanes = serve.ffn_steps(ffn)
+            # FFN TP partners computed on identical tokens, each received on its own lane (a
+            # DP dummy step may still be running on one: compare the steps all have finished)
+            assert len(lanes) == topology.tp, ffn.name
+            done = min(len(lane) for lane in lanes)
+            assert all(lane[:done] == lanes[0][:done] for lane in lanes), ffn.name
+            steps = [step for step in lanes[0] if step["step"] >= first]
             assert len(steps) >= MAX_TOKENS, (ffn.name, len(steps))
             for step in steps:
                 assert sorted(step["peers"]) == list(peers), (ffn.name, step)

@@ -74,15 +74,6 @@ REFUSED = {
         {"pipeline_parallel_size": 2},
         ["--pipeline-parallel-size=2", "allowed: 1"],
     ),
-    "tensor parallel": (
-        {"tensor_parallel_size": 2},
-        [
-            "--tensor-parallel-size=2 is not supported with AFD yet",
-            "FFN TP partners must compute on identical tokens",
-            "allowed: 1. Scale with separate engines or --data-parallel-size, and "
-            "additional_config.afd.num_attention_ranks / num_ffn_ranks",
-        ],
-    ),
     "dbo": (
         {"enable_dbo": True},
         ["--enable-dbo=True", "allowed: no --enable-dbo and --ubatch-size 1"],
@@ -113,11 +104,10 @@ def test_refused_flags_name_the_flag_its_value_and_the_alternative(role: str, ca
 
 @pytest.mark.parametrize("role", ["attention", "ffn"])
 @pytest.mark.parametrize("size", [2, 4])
-def test_any_tensor_parallel_size_above_one_is_refused(role: str, size: int) -> None:
-    """FFN TP partners would get different Attention ranks' tokens (ranks are numbered over DP x TP)."""
-    refuse_unsupported(engine(tensor_parallel_size=1), afd(role))
-    with pytest.raises(AFDConfigError, match=f"--tensor-parallel-size={size} .*\\({role} role\\)"):
-        refuse_unsupported(engine(tensor_parallel_size=size), afd(role))
+def test_tensor_parallel_is_accepted_on_both_roles(role: str, size: int) -> None:
+    """TP ranks are lanes: TP rank t of one role exchanges with TP rank t of the other
+    (afd_models.topology), so FFN TP partners receive identical tokens."""
+    refuse_unsupported(engine(tensor_parallel_size=size), afd(role))
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 
@@ -162,32 +163,54 @@ def test_ffn_token_counts_refuse_partial_groups_and_bad_counts(
     assert fragment in str(raised.value)
 
 
-@pytest.mark.parametrize(("dp", "tp"), [(1, 1), (2, 1), (1, 2), (2, 2), (3, 4)])
-def test_role_rank_is_dense_dp_major(dp: int, tp: int) -> None:
-    """Role ranks enumerate DP x TP workers without gaps, DP rank major, TP rank minor."""
-    ranks = [role_rank(d, t, tp) for d in range(dp) for t in range(tp)]
-    assert ranks == list(range(dp * tp))
+def test_role_rank_is_the_engines_offset_plus_its_dp_rank() -> None:
+    assert [role_rank(d) for d in range(3)] == [0, 1, 2]
+    assert [role_rank(d, rank_offset=2) for d in range(2)] == [2, 3]
 
 
-@pytest.mark.parametrize(("dp", "tp_rank", "tp"), [(-1, 0, 1), (0, 2, 2), (0, 0, 0)])
-def test_role_rank_rejects_impossible_positions(dp: int, tp_rank: int, tp: int) -> None:
-    with pytest.raises(TopologyError, match=f"dp_rank={dp}, tp_rank={tp_rank}, tp_size={tp}"):
-        role_rank(dp, tp_rank, tp)
-    with pytest.raises(TopologyError, match="rank_offset=-1"):
-        role_rank(0, 0, 1, rank_offset=-1)
+@pytest.mark.parametrize(("dp", "offset"), [(-1, 0), (0, -1)])
+def test_role_rank_rejects_impossible_positions(dp: int, offset: int) -> None:
+    with pytest.raises(TopologyError, match=f"dp_rank={dp}, rank_offset={offset}"):
+        role_rank(dp, offset)
 
 
-@pytest.mark.parametrize(("sizes", "tp"), [((2, 1), 1), ((1, 1, 1), 1), ((3,), 1), ((1, 2), 2)])
+@pytest.mark.parametrize("sizes", [(2, 1), (1, 1, 1), (3,), (1, 2)])
 def test_engines_with_offsets_number_the_role_without_gaps_or_overlaps(
-    sizes: tuple[int, ...], tp: int
+    sizes: tuple[int, ...],
 ) -> None:
-    """Engines of DP sizes ``sizes`` started with rank_offset = the workers before them."""
+    """Engines of DP sizes ``sizes`` started with rank_offset = the DP ranks before them."""
     ranks = []
     offset = 0
     for dp in sizes:
-        ranks += [role_rank(d, t, tp, rank_offset=offset) for d in range(dp) for t in range(tp)]
-        offset += dp * tp
+        ranks += [role_rank(d, rank_offset=offset) for d in range(dp)]
+        offset += dp
     assert ranks == list(range(offset))
+
+
+@pytest.mark.parametrize(("a", "f"), [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3)])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tp_lanes_pair_equal_tp_ranks_on_distinct_ports(a: int, f: int, tp: int) -> None:
+    """TP rank t of Attention rank r meets TP rank t of FFN rank r*F//A, with the same peers as
+    without TP; every (FFN rank, lane) has its own port, an FFN engine's ports consecutive."""
+    ports = {}
+    for lane in range(tp):
+        lane_groups = groups(a, f, BASE_PORT, tp_size=tp, lane=lane)
+        assert [g.attention_ranks for g in lane_groups] == [
+            g.attention_ranks for g in groups(a, f, BASE_PORT)
+        ]
+        for g in lane_groups:
+            assert g.lane == lane
+            assert group_of_ffn(g.ffn_rank, a, f, BASE_PORT, tp_size=tp, lane=lane) == g
+            for r in g.attention_ranks:
+                assert group_of_attention(r, a, f, BASE_PORT, tp_size=tp, lane=lane) == g
+            ports[(g.ffn_rank, lane)] = g.port
+    assert sorted(ports.values()) == list(range(BASE_PORT, BASE_PORT + f * tp))
+    for k in range(f):
+        assert [ports[(k, t)] for t in range(tp)] == list(
+            range(BASE_PORT + k * tp, BASE_PORT + (k + 1) * tp)
+        )
+    with pytest.raises(TopologyError, match=f"TP lane {tp} is outside 0..{tp - 1}"):
+        groups(a, f, BASE_PORT, tp_size=tp, lane=tp)
 
 
 def _engine_splits(a: int) -> list[list[tuple[int, int]]]:
@@ -252,6 +275,15 @@ def test_ports_past_the_range_are_refused(port: int, f: int, last: int) -> None:
         TopologyError, match=f"port={port} with {f} FFN ranks needs ports {port}..{last}"
     ):
         groups(f, f, port)
+
+
+def test_tp_lanes_need_a_port_each() -> None:
+    check_ports(65532, 2, 2)
+    with pytest.raises(
+        TopologyError,
+        match=re.escape("port=65533 with 2 FFN ranks x TP size 2 needs ports 65533..65536"),
+    ):
+        groups(2, 2, 65533, tp_size=2)
 
 
 def test_the_ffn_server_counts_a_step_with_ffn_token_counts() -> None:
