@@ -1,4 +1,5 @@
-"""Topologies beyond 1A1F end to end: 2A1F, 2A2F and 3A2F as separate ``vllm serve`` processes.
+"""Topologies beyond 1A1F end to end: 2A1F, 2A2F, 3A2F and 1A1F with TP 2, as separate
+``vllm serve`` processes.
 
 Attention ranks come from vLLM data parallel inside one Attention engine (``--data-parallel-size``)
 and from several Attention engines, each naming its first rank with ``rank_offset``; every FFN
@@ -11,7 +12,8 @@ topology:
 * every step each FFN rank served came from exactly the Attention ranks the ``a * F // A`` rule
   gives it (written out below, not computed with the code under test), and it computed on the
   sum of their tokens: the rows its layers received equal the sum of the counts its peers
-  announced, including steps where peers carried different counts;
+  announced, including steps where peers carried different counts; the steps of more than one
+  token are exactly the prompts' prefills;
 * the memory of every engine is measured (peak RSS and PSS); the deployment's peak RSS, summed
   over its processes (an upper bound: they share library pages), fits this machine.
 
@@ -250,13 +252,14 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
             assert sorted(prefills) == sorted(baseline.prompt_lengths), attention.name
             offset += dp
 
+        deployment = 0
         for server in servers:
-            engine = f"{topology.name}/{server.name.removeprefix(topology.name + '-')}"
-            memory[engine] = (serve.peak_rss_bytes(server), serve.pss_bytes(server))
-        deployment = sum(
-            memory[f"{topology.name}/{s.name.removeprefix(topology.name + '-')}"][0]
-            for s in servers
-        )
+            rss = serve.peak_rss_bytes(server)
+            memory[f"{topology.name}/{server.name.removeprefix(topology.name + '-')}"] = (
+                rss,
+                serve.pss_bytes(server),
+            )
+            deployment += rss
         assert 0 < deployment < MACHINE_BYTES, deployment
     finally:
         for server in attentions + ffns:
