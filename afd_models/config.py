@@ -103,6 +103,15 @@ class AFDConfig:
     def is_ffn(self) -> bool:
         return self.role is Role.FFN
 
+    @property
+    def role_ranks_key(self) -> str:
+        """The key counting this role's ranks (what ``rank_offset`` is checked against)."""
+        return "num_attention_ranks" if self.is_attention else "num_ffn_ranks"
+
+    @property
+    def num_role_ranks(self) -> int:
+        return self.num_attention_ranks if self.is_attention else self.num_ffn_ranks
+
 
 def _where(key: str) -> str:
     return f"additional_config.{AFD_KEY}.{key}"
@@ -268,11 +277,10 @@ def parse_afd_config(section: object) -> AFDConfig:
             f"{_where('port')}={port} with {_where('num_ffn_ranks')}={f} is not allowed: FFN rank k "
             f"hosts its group on port + k, up to {port + f - 1}; allowed: port <= {MAX_PORT + 1 - f}"
         ) from exc
-    ranks_key = "num_attention_ranks" if config.is_attention else "num_ffn_ranks"
-    ranks = a if config.is_attention else f
+    ranks = config.num_role_ranks
     if config.rank_offset >= ranks:
         raise AFDConfigError(
-            f"{_where('rank_offset')}={config.rank_offset} with {_where(ranks_key)}={ranks} is not "
+            f"{_where('rank_offset')}={config.rank_offset} with {_where(config.role_ranks_key)}={ranks} is not "
             f"allowed for role {role.value}: the engine's first worker would have no role rank; "
             f"allowed: rank_offset <= {ranks - 1}"
         )

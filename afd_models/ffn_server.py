@@ -20,7 +20,12 @@ from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 
 from afd_models.config import Role, require_afd_config
-from afd_models.connectors.base import AFDConnectionError, FFNConnector, StepHeader
+from afd_models.connectors.base import (
+    AFDConnectionError,
+    FFNConnector,
+    StepHeader,
+    peer_counts,
+)
 from afd_models.log import get_logger
 from afd_models.topology import Group, TopologyError, ffn_token_counts
 
@@ -60,8 +65,7 @@ def check_headers(
             f"FFN rank {group.ffn_rank} got {len(headers)} step headers for its "
             f"{len(group.attention_ranks)} attention peers {list(group.attention_ranks)}"
         )
-    counts = {rank: h.num_tokens for rank, h in zip(group.attention_ranks, headers, strict=True)}
-    totals = ffn_token_counts(counts, num_attention_ranks, num_ffn_ranks)
+    totals = ffn_token_counts(peer_counts(group, headers), num_attention_ranks, num_ffn_ranks)
     if list(totals) != [group.ffn_rank]:
         raise TopologyError(
             f"attention ranks {list(group.attention_ranks)} are not the peers of FFN rank "
@@ -157,12 +161,7 @@ class FFNServer:
                     self._recent.append(
                         {
                             "step": self.steps,
-                            "peers": {
-                                rank: header.num_tokens
-                                for rank, header in zip(
-                                    self.group.attention_ranks, headers, strict=True
-                                )
-                            },
+                            "peers": peer_counts(self.group, headers),
                             "tokens": tokens,
                             "rows": rows,
                         }

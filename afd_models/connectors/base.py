@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -177,6 +178,11 @@ class Fingerprint:
         values.pop("format")
         values["layers"] = tuple(values["layers"])
         return cls(**values)
+
+
+def peer_counts(group: Group, headers: Sequence[StepHeader]) -> dict[int, int]:
+    """Attention rank -> the tokens its step header announced (``headers`` in the group's peer order)."""
+    return {rank: h.num_tokens for rank, h in zip(group.attention_ranks, headers, strict=True)}
 
 
 def _is_int(value: object) -> bool:

@@ -41,9 +41,8 @@ def worker_role_rank(vllm_config: VllmConfig) -> int:
     dp_size, tp_size = parallel.data_parallel_size, parallel.tensor_parallel_size
     dp_rank = parallel.data_parallel_rank if dp_size > 1 else 0
     first = afd.rank_offset
-    configured = afd.num_attention_ranks if afd.is_attention else afd.num_ffn_ranks
+    configured, key = afd.num_role_ranks, afd.role_ranks_key
     if first + dp_size > configured:
-        key = "num_attention_ranks" if afd.is_attention else "num_ffn_ranks"
         raise AFDConfigError(
             f"additional_config.afd.{key}={configured} with additional_config.afd.rank_offset={first}, "
             f"but this engine's {dp_size} DP ranks take role ranks {first}..{first + dp_size - 1}; "

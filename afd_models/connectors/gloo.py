@@ -50,6 +50,7 @@ from afd_models.connectors.base import (
     Fingerprint,
     StepHeader,
     compare_fingerprints,
+    peer_counts,
 )
 from afd_models.log import get_logger
 from afd_models.topology import Group, peer_slices
@@ -382,6 +383,7 @@ class GlooFFNConnector(FFNConnector):
         self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
+        self._rows: list[slice] = []  # each peer's rows of the step's batch
         self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
         self._first_layer = False
         self._channels: list[socket.socket] = []
@@ -523,6 +525,7 @@ class GlooFFNConnector(FFNConnector):
             self._read(channel, values, f"step header from rank {peer}")
             headers.append(StepHeader.decode(values))
         self.headers = headers
+        self._rows = peer_slices(peer_counts(self.group, headers), self.group)
         self._first_layer = True
         return headers
 
@@ -569,13 +572,9 @@ class GlooFFNConnector(FFNConnector):
             ) from exc
 
     def send(self, layer_idx: int, output: torch.Tensor) -> None:
-        group = self._group.group
-        counts = {
-            rank: h.num_tokens for rank, h in zip(group.attention_ranks, self.headers, strict=True)
-        }
         works = [
             self._group.post_send(output[rows], peer, _layer_tag(layer_idx))
-            for peer, rows in zip(self.peers, peer_slices(counts, group), strict=True)
+            for peer, rows in zip(self.peers, self._rows, strict=True)
         ]
         for work in works:
             self._group.wait(work, f"send of layer {layer_idx}")
