@@ -42,8 +42,8 @@ class Role(enum.Enum):
 
 
 @dataclass(frozen=True)
-class GlooExtraConfig:
-    """``connector_extra_config`` of the gloo connector."""
+class P2PExtraConfig:
+    """``connector_extra_config`` of the point-to-point connectors (gloo and NCCL)."""
 
     #: seconds to wait for the peer engine at start-up (either side may start first)
     connect_timeout_s: float = 300.0
@@ -60,11 +60,20 @@ class LoopbackExtraConfig:
 
 #: connector name -> the type of its ``connector_extra_config``
 CONNECTORS: dict[str, type] = {
-    "GlooAFDConnector": GlooExtraConfig,
+    "GlooAFDConnector": P2PExtraConfig,
+    "NcclAFDConnector": P2PExtraConfig,
     "LoopbackAFDConnector": LoopbackExtraConfig,
 }
 #: connectors that run the FFN half inside the Attention engine: refused for the FFN role
 ATTENTION_ONLY_CONNECTORS: frozenset[str] = frozenset({"LoopbackAFDConnector"})
+#: connector -> the vLLM platforms (``current_platform.device_type``) whose tensors it moves
+CONNECTOR_PLATFORMS: dict[str, tuple[str, ...]] = {
+    "GlooAFDConnector": ("cpu",),
+    "NcclAFDConnector": ("cuda",),
+    "LoopbackAFDConnector": ("cpu", "cuda"),
+}
+#: the connector of a section that names none, by platform
+PLATFORM_CONNECTORS: dict[str, str] = {"cpu": "GlooAFDConnector", "cuda": "NcclAFDConnector"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class AFDConfig:
 
     #: which half of the model this engine serves
     role: Role
-    #: connector class name, a key of CONNECTORS
+    #: connector class name, a key of CONNECTORS; by default the platform's (PLATFORM_CONNECTORS)
     connector: str = "GlooAFDConnector"
     #: address the connector's rendezvous listens on (FFN rank k hosts group k's): an IP
     #: literal or an RFC 1123 host name
@@ -180,7 +189,7 @@ def _seconds(key: str, value: object) -> float:
 
 
 _EXTRA_FIELDS: dict[type, dict[str, Callable[[str, object], object]]] = {
-    GlooExtraConfig: {
+    P2PExtraConfig: {
         "connect_timeout_s": _seconds,
         "timeout_s": _seconds,
         "idle_timeout_s": _seconds,
@@ -218,8 +227,51 @@ _FIELDS = (
 )
 
 
-def parse_afd_config(section: object) -> AFDConfig:
+def current_device_type() -> str:
+    """The device type of vLLM's platform in this process (``cpu``, ``cuda``, ...)."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def _default_connector(platform: str | None) -> str:
+    device_type = current_device_type() if platform is None else platform
+    if device_type not in PLATFORM_CONNECTORS:
+        raise AFDConfigError(
+            f"{_where('connector')} is required on platform {device_type!r}, which has no default "
+            f"connector; allowed: {', '.join(CONNECTORS)} (the defaults: "
+            + ", ".join(f"{c} on {p}" for p, c in PLATFORM_CONNECTORS.items())
+            + ")"
+        )
+    return PLATFORM_CONNECTORS[device_type]
+
+
+def check_connector_platform(config: AFDConfig, device_type: str) -> None:
+    """Refuse a connector that cannot move this platform's tensors (gloo on CUDA, NCCL on CPU).
+
+    Raises:
+        AFDConfigError: naming the connector, the platform and the connectors it allows.
+    """
+    platforms = CONNECTOR_PLATFORMS[config.connector]
+    if device_type not in platforms:
+        allowed = [c for c, on in CONNECTOR_PLATFORMS.items() if device_type in on]
+        raise AFDConfigError(
+            f"{_where('connector')}={config.connector!r} moves {' and '.join(platforms)} tensors "
+            f"only, and this engine runs on vLLM's {device_type!r} platform; allowed there: "
+            f"{', '.join(allowed) or 'none'}"
+            + (
+                f" (leave {_where('connector')} out for {PLATFORM_CONNECTORS[device_type]})"
+                if device_type in PLATFORM_CONNECTORS
+                else ""
+            )
+        )
+
+
+def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConfig:
     """Validate the ``afd`` object of ``--additional-config``.
+
+    A section that names no connector gets its platform's (:data:`PLATFORM_CONNECTORS`):
+    ``platform`` if given, else vLLM's platform in this process.
 
     Raises:
         AFDConfigError: on the first bad key or value.
@@ -237,8 +289,10 @@ def parse_afd_config(section: object) -> AFDConfig:
     if "role" not in section:
         raise AFDConfigError(f"{_where('role')} is required; allowed: attention, ffn")
     role = Role(_choice("role", section["role"], tuple(r.value for r in Role)))
-    connector = _choice(
-        "connector", section.get("connector", AFDConfig.connector), tuple(CONNECTORS)
+    connector = (
+        _choice("connector", section["connector"], tuple(CONNECTORS))
+        if "connector" in section
+        else _default_connector(platform)
     )
     if role is Role.FFN and connector in ATTENTION_ONLY_CONNECTORS:
         allowed = ", ".join(c for c in CONNECTORS if c not in ATTENTION_ONLY_CONNECTORS)

@@ -6,6 +6,7 @@
   vLLM API returning a new config, so the engine's own config and every non-AFD engine keep
   vLLM's classes;
 * MLA cannot run on the CPU platform: say ``VLLM_MLA_DISABLE=1`` instead of failing deep inside;
+* the connector must move this platform's tensors (gloo CPU ones, NCCL CUDA ones);
 * engine flags the AFD runtime cannot serve are refused here, each naming its flag
   (:func:`refuse_unsupported`), instead of failing after the weights are loaded: among them
   ``--data-parallel-size`` > 1 on the FFN role (the loopback connector on the FFN role is refused
@@ -27,7 +28,13 @@ import copy
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
+from afd_models.config import (
+    AFDConfig,
+    AFDConfigError,
+    Role,
+    check_connector_platform,
+    require_afd_config,
+)
 from afd_models.log import get_logger
 from afd_models.plugin import afd_architecture
 
@@ -67,6 +74,7 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
         )
     if vllm_config.use_v2_model_runner:
         raise AFDConfigError("AFD runs on vLLM's V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0")
+    check_connector_platform(afd, current_platform.device_type)
     refuse_unsupported(vllm_config, afd)
     config = vllm_config.with_hf_config(model_config.hf_config, architectures=[target])
     if role is Role.ATTENTION:

@@ -9,6 +9,7 @@ what a failure means (in ``vllm serve`` it ends the worker process, so the engin
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -108,6 +109,23 @@ def exit_process(exc: BaseException) -> None:
 RECENT_STEPS = 4096
 
 
+def device_scope(
+    device: torch.device, accelerator: Any = None
+) -> contextlib.AbstractContextManager[Any]:
+    """What the FFN server thread enters before serving: on an accelerator, the worker's device
+    (a new thread starts on device 0, which is another worker's on a multi-GPU host) and a stream
+    of the thread's own, so transfers pending on a peer never hold up work that vLLM's main thread
+    queues on the default stream. Nothing on the CPU.
+
+    ``accelerator`` is the device module (``torch.cuda`` for a ``cuda`` device when not given).
+    """
+    if device.type == "cpu":
+        return contextlib.nullcontext()
+    accelerator = getattr(torch, device.type) if accelerator is None else accelerator
+    accelerator.set_device(device)
+    return accelerator.stream(accelerator.Stream(device))
+
+
 class FFNServer:
     """A stoppable background loop over :func:`serve_step`."""
 
@@ -119,9 +137,13 @@ class FFNServer:
         *,
         hidden_size: int,
         dtype: torch.dtype,
+        device: torch.device,
         on_failure: Callable[[BaseException], None] | None = None,
+        accelerator: Any = None,
     ):
         self.model = model
+        self.device = device
+        self.accelerator = accelerator
         self.vllm_config = vllm_config
         self.connector = connector
         self.layers = list(model.ffn_layer_indices())
@@ -144,29 +166,8 @@ class FFNServer:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                headers = self.connector.wait_step(self._stop)
-                if headers is None:
-                    break
-                tokens = check_headers(
-                    headers,
-                    self.group,
-                    num_attention_ranks=self.num_attention_ranks,
-                    num_ffn_ranks=self.num_ffn_ranks,
-                    hidden_size=self.hidden_size,
-                    dtype=self.dtype,
-                )
-                rows = serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
-                with self._recent_lock:
-                    self._recent.append(
-                        {
-                            "step": self.steps,
-                            "peers": peer_counts(self.group, headers),
-                            "tokens": tokens,
-                            "rows": rows,
-                        }
-                    )
-                self.steps += 1
+            with device_scope(self.device, self.accelerator):
+                self._serve()
         except BaseException as exc:  # kept and reported; the thread must not die silently
             if not self._stop.is_set():  # an error while stopping is the interruption itself
                 self.error = exc
@@ -174,6 +175,31 @@ class FFNServer:
                 if self.on_failure is not None:
                     self.on_failure(exc)
         logger.info("AFD FFN server: stopped after %d steps", self.steps)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            headers = self.connector.wait_step(self._stop)
+            if headers is None:
+                break
+            tokens = check_headers(
+                headers,
+                self.group,
+                num_attention_ranks=self.num_attention_ranks,
+                num_ffn_ranks=self.num_ffn_ranks,
+                hidden_size=self.hidden_size,
+                dtype=self.dtype,
+            )
+            rows = serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
+            with self._recent_lock:
+                self._recent.append(
+                    {
+                        "step": self.steps,
+                        "peers": peer_counts(self.group, headers),
+                        "tokens": tokens,
+                        "rows": rows,
+                    }
+                )
+            self.steps += 1
 
     def recent_steps(self) -> list[dict[str, Any]]:
         """The last :data:`RECENT_STEPS` steps, oldest first: ``step`` (its index), ``peers``

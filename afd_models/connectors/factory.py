@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from vllm.config import VllmConfig
 
@@ -112,7 +113,9 @@ def fingerprint(
     )
 
 
-def prepare_attention(vllm_config: VllmConfig, tp_rank: int) -> AttentionConnect:
+def prepare_attention(
+    vllm_config: VllmConfig, tp_rank: int, device: torch.device
+) -> AttentionConnect:
     """The Attention worker's connect step; call before the model is built, then call the result
     with the loaded model.
 
@@ -128,7 +131,6 @@ def prepare_attention(vllm_config: VllmConfig, tp_rank: int) -> AttentionConnect
 
         loopback = LoopbackConnector.with_ffn_model(vllm_config)
         return lambda _model: loopback
-    from afd_models.connectors.gloo import GlooAttentionConnector
     from afd_models.models.remote import remote_layers
 
     rank = worker_role_rank(vllm_config)
@@ -147,32 +149,39 @@ def prepare_attention(vllm_config: VllmConfig, tp_rank: int) -> AttentionConnect
 
     def connect(model: nn.Module) -> AFDConnector:
         layers = [proxy.layer_idx for proxy in remote_layers(model)]
-        return GlooAttentionConnector(
-            afd.host,
-            group,
-            rank,
-            afd.connector_extra_config,
-            fingerprint(vllm_config, afd, rank, layers),
-        )
+        presented = fingerprint(vllm_config, afd, rank, layers)
+        extra = afd.connector_extra_config
+        if afd.connector == "NcclAFDConnector":
+            from afd_models.connectors.nccl import NcclAttentionConnector
+
+            return NcclAttentionConnector(afd.host, group, rank, extra, presented, device=device)
+        from afd_models.connectors.gloo import GlooAttentionConnector
+
+        return GlooAttentionConnector(afd.host, group, rank, extra, presented)
 
     return connect
 
 
-def connect_ffn(vllm_config: VllmConfig, tp_rank: int, model: nn.Module) -> FFNConnector:
+def connect_ffn(
+    vllm_config: VllmConfig, tp_rank: int, model: nn.Module, device: torch.device
+) -> FFNConnector:
     """The FFN worker's connector for its loaded ``model``; hosts its group and waits for the
     Attention peers, refusing any whose fingerprint differs from its own.
 
     (A loopback connector never gets here: the FFN worker refuses it at start-up.)
     """
     afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
-    from afd_models.connectors.gloo import GlooFFNConnector
-
     rank = worker_role_rank(vllm_config)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     group = group_of_ffn(
         rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
     )
-    layers = list(model.ffn_layer_indices())
-    return GlooFFNConnector(
-        afd.host, group, afd.connector_extra_config, fingerprint(vllm_config, afd, rank, layers)
-    )
+    presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
+    extra = afd.connector_extra_config
+    if afd.connector == "NcclAFDConnector":
+        from afd_models.connectors.nccl import NcclFFNConnector
+
+        return NcclFFNConnector(afd.host, group, extra, presented, device=device)
+    from afd_models.connectors.gloo import GlooFFNConnector
+
+    return GlooFFNConnector(afd.host, group, extra, presented)

@@ -6,6 +6,11 @@ counts every module with a ``process_weights_after_loading`` method as loaded) n
 (fused into one parameter per projection). So before loading, every floating-point parameter of
 the role is filled with NaN; afterwards, any NaN left marks rows the checkpoint lacked, and the
 error names the parameter (and the experts) concerned.
+
+Parameters vLLM initialises itself are left alone (:data:`SELF_INITIALISED`): the KV-cache scales
+that every attention layer of a quantized model carries start at vLLM's own "not loaded" value
+(-1.0) and are resolved after loading, since checkpoints (FP8 DeepSeek ones among them) rarely
+hold them.
 """
 
 from __future__ import annotations
@@ -14,17 +19,27 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
+from vllm.model_executor.layers.quantization.kv_cache import KVCacheScaleParameter
 
 from afd_models.log import get_logger
 
 logger = get_logger(__name__)
 
+#: parameter types vLLM gives a sentinel of its own and resolves after loading when the
+#: checkpoint has no value: never marked, never reported
+SELF_INITIALISED: tuple[type, ...] = (KVCacheScaleParameter,)
+
+
+def _checked(parameter: torch.Tensor) -> bool:
+    """Whether the checkpoint must fill ``parameter``."""
+    return parameter.is_floating_point() and not isinstance(parameter, SELF_INITIALISED)
+
 
 def mark_unloaded(model: nn.Module) -> None:
-    """Fill every floating-point parameter with NaN: whatever the checkpoint does not overwrite stays NaN."""
+    """Fill every checked parameter with NaN: whatever the checkpoint does not overwrite stays NaN."""
     with torch.no_grad():
         for parameter in model.parameters():
-            if parameter.is_floating_point():
+            if _checked(parameter):
                 parameter.fill_(float("nan"))
 
 
@@ -64,9 +79,7 @@ def finish_loading(model: nn.Module, role: str, tensors_read: int, loaded: set[s
     """
     own = dict(model.named_parameters())
     unfilled = [
-        _describe(n, p)
-        for n, p in own.items()
-        if p.is_floating_point() and bool(torch.isnan(p).any())
+        _describe(n, p) for n, p in own.items() if _checked(p) and bool(torch.isnan(p).any())
     ]
     if unfilled:
         shown = ", ".join(unfilled[:8]) + (

@@ -43,7 +43,7 @@ from datetime import timedelta
 
 import torch
 
-from afd_models.config import GlooExtraConfig
+from afd_models.config import P2PExtraConfig
 from afd_models.testing.serve import free_port
 from afd_models.topology import groups
 
@@ -182,7 +182,7 @@ def _connector(rank: int, port: int, plan: _Plan) -> Timing | None:
     from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
 
     group = groups(1, 1, port)[0]
-    extra = GlooExtraConfig(connect_timeout_s=TIMEOUT_S, timeout_s=TIMEOUT_S)
+    extra = P2PExtraConfig(connect_timeout_s=TIMEOUT_S, timeout_s=TIMEOUT_S)
     if rank == ECHO:
         ffn = GlooFFNConnector("127.0.0.1", group, extra)
         try:
@@ -244,7 +244,7 @@ def _raw_gloo(rank: int, port: int, plan: _Plan) -> Timing | None:
 
 
 def _read_into(channel: socket.socket, buffer: memoryview) -> None:
-    from afd_models.connectors.gloo import read_into
+    from afd_models.connectors.p2p import read_into
 
     try:
         read_into(channel, buffer)

@@ -1,11 +1,15 @@
 """The FFN server loop (afd_models.ffn_server.FFNServer) over a scripted connector: per-step token
 counts from its own peers' headers, the rows its layers really computed, the step record operators
-and the e2e tests read, and a failure kept instead of a silent thread death."""
+and the e2e tests read, a failure kept instead of a silent thread death, and the device and stream
+its thread computes on (a fake accelerator module stands in for ``torch.cuda``)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from afd_models.topology import group_of_ffn
 
 HIDDEN = 8
 LAYERS = [1, 2]
+CPU = torch.device("cpu")
 
 
 class ScriptedConnector:
@@ -52,27 +57,68 @@ class ScriptedConnector:
         pass
 
 
+class FakeAccelerator:
+    """What the FFN server calls of ``torch.cuda``, recording which thread selected which device
+    and which stream each layer computed on."""
+
+    def __init__(self) -> None:
+        self.selected: list[tuple[str, torch.device]] = []
+        self.streams: list[tuple[str, torch.device]] = []
+        self.current: tuple[str, torch.device] | None = None
+
+    def set_device(self, device: torch.device) -> None:
+        self.selected.append((threading.current_thread().name, device))
+
+    def Stream(self, device: torch.device) -> tuple[str, torch.device]:
+        stream = (f"stream {len(self.streams)}", device)
+        self.streams.append(stream)
+        return stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: tuple[str, torch.device]) -> Iterator[None]:
+        self.current = stream
+        try:
+            yield
+        finally:
+            self.current = None
+
+
 class DoublingModel:
+    def __init__(self, accelerator: FakeAccelerator | None = None) -> None:
+        self.accelerator = accelerator
+        #: the stream current at each compute, when an accelerator is faked
+        self.computed_on: list[object] = []
+
     def ffn_layer_indices(self) -> list[int]:
         return LAYERS
 
     def compute_ffn_output(
         self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.accelerator is not None:
+            self.computed_on.append(self.accelerator.current)
         return hidden_states * 2
 
 
-def _serve(connector: ScriptedConnector, failures: list[BaseException]) -> FFNServer:
+def _serve(
+    connector: ScriptedConnector,
+    failures: list[BaseException],
+    model: DoublingModel | None = None,
+    device: torch.device = CPU,
+    accelerator: Any = None,
+) -> FFNServer:
     config = VllmConfig(
         additional_config={"afd": {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2}}
     )
     server = FFNServer(
-        DoublingModel(),
+        model or DoublingModel(),
         config,
         connector,
         hidden_size=HIDDEN,
         dtype=torch.float32,
+        device=device,
         on_failure=failures.append,
+        accelerator=accelerator,
     )
     server.start()
     deadline = time.monotonic() + 60
@@ -129,3 +175,27 @@ def test_headers_of_another_shape_end_the_loop_with_the_error_kept() -> None:
     assert "hidden size 9" in str(failures[0]) and server.steps == 0
     with pytest.raises(RuntimeError, match="the AFD FFN server failed"):
         server.raise_if_failed()
+
+
+def test_the_server_thread_selects_the_workers_device_and_computes_on_its_own_stream() -> None:
+    """On an accelerator the server thread selects its worker's device (not device 0, where a new
+    thread starts) before anything runs, and every layer computes on one stream of its own."""
+    failures: list[BaseException] = []
+    accelerator = FakeAccelerator()
+    model = DoublingModel(accelerator)
+    device = torch.device("cuda", 1)
+    _serve(ScriptedConnector([(1, 2), (2, 2)]), failures, model, device, accelerator)
+    assert not failures
+    assert accelerator.selected == [("AFD-FFN-server", device)]
+    assert accelerator.streams == [("stream 0", device)]
+    assert model.computed_on == [("stream 0", device)] * 4
+    assert accelerator.current is None  # left when the loop ended
+
+
+def test_on_the_cpu_no_device_is_selected() -> None:
+    failures: list[BaseException] = []
+    accelerator = FakeAccelerator()
+    model = DoublingModel(accelerator)
+    _serve(ScriptedConnector([(1, 2)]), failures, model, CPU, accelerator)
+    assert not failures
+    assert accelerator.selected == [] and model.computed_on == [None, None]

@@ -1,7 +1,8 @@
-"""The real gloo connector between processes: a step with two Attention peers, an interruptible
-idle wait on the FFN side, a vanished peer surfacing at once, and the connect-time handshake
-(mismatched engines, duplicate ranks, malformed peers) failing both sides within seconds with
-nothing left open."""
+"""The real point-to-point connectors between processes: a step with two Attention peers, an
+interruptible idle wait on the FFN side and a vanished peer surfacing at once, over the gloo data
+plane and over the NCCL data plane (its NCCL calls played by gloo, as NCCL cannot run here); and
+the connect-time handshake (mismatched engines, duplicate ranks, malformed peers) failing both
+sides within seconds with nothing left open."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from typing import Any
 import pytest
 import torch
 
-from afd_models.config import GlooExtraConfig
+from afd_models.config import P2PExtraConfig
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
 from afd_models.testing.serve import free_port, port_is_free
 from afd_models.topology import Group, groups
 
-EXTRA = GlooExtraConfig(connect_timeout_s=60, timeout_s=30)
+EXTRA = P2PExtraConfig(connect_timeout_s=60, timeout_s=30)
 LAYERS = [0, 2]
 #: a refused handshake must end well within both timeouts of EXTRA
 FAST_S = 10.0
@@ -82,14 +83,104 @@ def _fds_before() -> set[tuple[int, str]]:
     return _open_fds()
 
 
-def _attention_peer(
-    rank: int, port: int, results: multiprocessing.Queue, release: multiprocessing.Event
-) -> None:
-    from afd_models.connectors.gloo import GlooAttentionConnector
+class GlooPlaysNccl:
+    """The calls the NCCL data plane makes of vLLM's NCCL communicator, played by gloo on CPU
+    tensors: transfers queue between ``group_start`` and ``group_end``, which posts them all with
+    one tag (so gloo pairs them by order per peer, as NCCL does) and waits for them."""
 
-    connector = GlooAttentionConnector(
-        "127.0.0.1", groups(2, 1, port)[0], rank, EXTRA, _fingerprint(rank)
+    def __init__(self, group: Any, device: torch.device):
+        from torch.distributed import PrefixStore
+        from vllm.distributed.utils import init_gloo_process_group
+
+        assert device == torch.device("cpu")
+        self.pg = init_gloo_process_group(
+            PrefixStore("stand-in", group.store),
+            group.rank,
+            group.world_size,
+            timedelta(seconds=30),
+        )
+        self.queued: list[tuple[bool, torch.Tensor, int]] | None = None
+        #: groups run, and what crossed: (send?, peer, rows) per transfer
+        self.groups = 0
+        self.transfers: list[tuple[bool, int, int]] = []
+
+    def group_start(self) -> None:
+        assert self.queued is None, "NCCL groups do not nest here"
+        self.queued = []
+
+    def send(self, tensor: torch.Tensor, dst: int, stream: object = None) -> None:
+        assert self.queued is not None, "a send outside an NCCL group"
+        self.queued.append((True, tensor, dst))
+
+    def recv(self, tensor: torch.Tensor, src: int, stream: object = None) -> None:
+        assert self.queued is not None, "a receive outside an NCCL group"
+        self.queued.append((False, tensor, src))
+
+    def group_end(self) -> None:
+        queued, self.queued = self.queued or [], None
+        works = [
+            (self.pg.send if send else self.pg.recv)([tensor.view(torch.uint8)], peer, 0)
+            for send, tensor, peer in queued
+        ]
+        for work in works:
+            work.wait(timedelta(seconds=30))
+        self.groups += 1
+        self.transfers += [(send, peer, tensor.shape[0]) for send, tensor, peer in queued]
+
+    def destroy(self) -> None:
+        self.pg.abort()
+
+
+#: the data planes every connector test here runs over
+PLANES = ("gloo", "nccl")
+
+
+def _attention_connector(plane: str, rank: int, port: int, made: list[Any]) -> Any:
+    group, fingerprint = groups(2, 1, port)[0], _fingerprint(rank)
+    if plane == "gloo":
+        from afd_models.connectors.gloo import GlooAttentionConnector
+
+        return GlooAttentionConnector("127.0.0.1", group, rank, EXTRA, fingerprint)
+    from afd_models.connectors.nccl import NcclAttentionConnector
+
+    return NcclAttentionConnector(
+        "127.0.0.1",
+        group,
+        rank,
+        EXTRA,
+        fingerprint,
+        device=torch.device("cpu"),
+        make_communicator=lambda *args: made.append(GlooPlaysNccl(*args)) or made[-1],
     )
+
+
+def _ffn_connector(plane: str, port: int, made: list[Any]) -> Any:
+    group, fingerprint = groups(2, 1, port)[0], _fingerprint(0)
+    if plane == "gloo":
+        from afd_models.connectors.gloo import GlooFFNConnector
+
+        return GlooFFNConnector("127.0.0.1", group, EXTRA, fingerprint)
+    from afd_models.connectors.nccl import NcclFFNConnector
+
+    return NcclFFNConnector(
+        "127.0.0.1",
+        group,
+        EXTRA,
+        fingerprint,
+        device=torch.device("cpu"),
+        make_communicator=lambda *args: made.append(GlooPlaysNccl(*args)) or made[-1],
+    )
+
+
+def _attention_peer(
+    plane: str,
+    rank: int,
+    port: int,
+    results: multiprocessing.Queue,
+    release: multiprocessing.Event,
+) -> None:
+    made: list[GlooPlaysNccl] = []
+    connector = _attention_connector(plane, rank, port, made)
     connector.set_layers(LAYERS)
     exact = True
     for step in range(STEPS):
@@ -98,25 +189,28 @@ def _attention_peer(
             with_logits = logits if step == 0 else None  # step 0: gate on Attention
             connector.send(layer, hidden, with_logits)
             exact &= torch.equal(connector.recv(layer, hidden), _expected(hidden, with_logits))
-    results.put((rank, exact, connector.stats.steps))
+    transfers = made[0].transfers if made else None
+    results.put((rank, exact, connector.stats.steps, transfers))
     release.wait(60)
     connector.close()
 
 
-@pytest.fixture
-def pair() -> tuple[object, list[multiprocessing.Process], multiprocessing.Queue, object]:
-    from afd_models.connectors.gloo import GlooFFNConnector
-
+@pytest.fixture(params=PLANES)
+def pair(request: pytest.FixtureRequest) -> Any:
+    """(plane, FFN connector, Attention peer processes, their results, release event, the FFN
+    side's NCCL stand-ins)."""
+    plane = request.param
     context = multiprocessing.get_context("spawn")
     results, release, port = context.Queue(), context.Event(), free_port()
     peers = [
-        context.Process(target=_attention_peer, args=(rank, port, results, release))
+        context.Process(target=_attention_peer, args=(plane, rank, port, results, release))
         for rank in (0, 1)
     ]
     for peer in peers:
         peer.start()
-    ffn = GlooFFNConnector("127.0.0.1", groups(2, 1, port)[0], EXTRA, _fingerprint(0))
-    yield ffn, peers, results, release
+    made: list[GlooPlaysNccl] = []
+    ffn = _ffn_connector(plane, port, made)
+    yield plane, ffn, peers, results, release, made
     release.set()
     for peer in peers:
         peer.join(30)
@@ -125,8 +219,8 @@ def pair() -> tuple[object, list[multiprocessing.Process], multiprocessing.Queue
     ffn.close()
 
 
-def test_gloo_step_interruptible_idle_and_vanished_peer(pair) -> None:
-    ffn, peers, results, release = pair
+def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
+    plane, ffn, peers, results, release, made = pair
     for step in range(STEPS):
         headers = ffn.wait_step(threading.Event())
         assert [(h.step, h.num_tokens, h.dtype) for h in headers] == [
@@ -137,7 +231,24 @@ def test_gloo_step_interruptible_idle_and_vanished_peer(pair) -> None:
             assert hidden.shape == (sum(TOKENS), 16)
             assert (logits is None) == (step == 1)
             ffn.send(layer, _expected(hidden, logits))
-    assert sorted(results.get(timeout=60) for _ in peers) == [(0, True, STEPS), (1, True, STEPS)]
+    outcomes = sorted(results.get(timeout=60) for _ in peers)
+    assert [outcome[:3] for outcome in outcomes] == [(0, True, STEPS), (1, True, STEPS)]
+    if plane == "nccl":
+        # every layer crossed the data plane, the first included (NCCL tensors never ride the
+        # CPU step channel): per step and layer, each peer one group of its hidden states, its
+        # logits on step 0, and the receive of its rows; the FFN side one group of receives
+        # from both peers and one of sends
+        for rank, _, _, transfers in outcomes:
+            expected = []
+            for step in range(STEPS):
+                for _ in LAYERS:
+                    expected.append((False, 0, TOKENS[rank]))
+                    expected += [(True, 0, TOKENS[rank])] * (2 if step == 0 else 1)
+            assert transfers == expected
+        (communicator,) = made
+        assert communicator.groups == 2 * STEPS * len(LAYERS)
+    else:
+        assert not made and all(outcome[3] is None for outcome in outcomes)
 
     # idle: a stop from another thread ends the wait at once
     stop, outcome = threading.Event(), {}
@@ -171,7 +282,7 @@ def test_attention_without_ffn_fails_clearly() -> None:
         AFDConnectionError, match=f"no connector group at 127.0.0.1:{port} within 2 s"
     ):
         GlooAttentionConnector(
-            "127.0.0.1", groups(1, 1, port)[0], 0, GlooExtraConfig(connect_timeout_s=2)
+            "127.0.0.1", groups(1, 1, port)[0], 0, P2PExtraConfig(connect_timeout_s=2)
         )
     assert time.monotonic() - started < 10
     assert _open_fds() - fds == set()
@@ -334,7 +445,7 @@ def test_duplicate_rank_is_refused() -> None:
 def _raw_peer(port: int, sends: bytes, answer: dict[str, object]) -> None:
     """A client that is not an AFD connector of this version: it finds the step channel, sends
     ``sends`` and records what the FFN side answers."""
-    from afd_models.connectors.gloo import STEPS_KEY
+    from afd_models.connectors.p2p import STEPS_KEY
 
     store = torch.distributed.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30)
@@ -403,7 +514,8 @@ def test_peer_without_a_valid_fingerprint_is_refused(
 def test_ffn_without_handshake_is_reported() -> None:
     """An FFN side that publishes its step channel, reads and never answers: the Attention side
     says so within ``timeout_s`` and leaves nothing open."""
-    from afd_models.connectors.gloo import STEPS_KEY, GlooAttentionConnector
+    from afd_models.connectors.gloo import GlooAttentionConnector
+    from afd_models.connectors.p2p import STEPS_KEY
 
     port = free_port()
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)

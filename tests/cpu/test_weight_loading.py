@@ -1,12 +1,17 @@
-"""Role-aware loading: each role needs only its own tensors; a missing one is an error naming it."""
+"""Role-aware loading: each role needs only its own tensors; a missing one is an error naming it;
+parameters vLLM initialises itself (KV-cache scales of quantized checkpoints) are not required."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
+from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
 
+from afd_models.models.loading import finish_loading, mark_unloaded
 from afd_models.testing.tiny_models import write_tiny_model
 from tests.engine import run_python
 
@@ -43,3 +48,40 @@ def test_missing_tensor_is_named(tensor: str, tmp_path: Path, vllm_env: dict[str
         if "were not initialized from checkpoint" in line or "lacks" in line
     ]
     assert reported and tensor in reported[-1]
+
+
+class FP8Layer(nn.Module):
+    """The parameters of one layer of an FP8 block-quantized DeepSeek checkpoint: an FP8 weight,
+    its block scales, and the attention's KV-cache scales as vLLM's quant method creates them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.zeros(4, 4, dtype=torch.float8_e4m3fn), requires_grad=False
+        )
+        self.weight_scale_inv = nn.Parameter(torch.zeros(1, 1), requires_grad=False)
+        self.attn = nn.Module()
+        BaseKVCacheMethod.create_weights(None, self.attn)  # type: ignore[arg-type]
+
+
+def _load(layer: FP8Layer, names: list[str]) -> set[str]:
+    """What vLLM's loader does for a checkpoint holding ``names`` (and no KV-cache scale)."""
+    mark_unloaded(layer)
+    with torch.no_grad():
+        for name in names:
+            layer.get_parameter(name).copy_(torch.ones(layer.get_parameter(name).shape))
+    return finish_loading(layer, "ffn", len(names), set(names))
+
+
+def test_kv_cache_scales_are_left_to_vllm() -> None:
+    layer = FP8Layer()
+    loaded = _load(layer, ["weight", "weight_scale_inv"])
+    assert loaded == {"weight", "weight_scale_inv"}
+    scales = {n: p.item() for n, p in layer.attn.named_parameters()}
+    # untouched: still vLLM's "not loaded" value, which it resolves after loading
+    assert scales == {"q_scale": -1.0, "k_scale": -1.0, "v_scale": -1.0, "prob_scale": -1.0}
+
+
+def test_a_missing_fp8_scale_is_still_named() -> None:
+    with pytest.raises(ValueError, match=r"not loaded: weight_scale_inv$"):
+        _load(FP8Layer(), ["weight"])

@@ -8,16 +8,18 @@ import pytest
 
 from afd_models.config import (
     AFDConfigError,
-    GlooExtraConfig,
+    P2PExtraConfig,
     Role,
     afd_config_from,
+    check_connector_platform,
     parse_afd_config,
     require_afd_config,
 )
 
 
 def test_defaults() -> None:
-    """Only the role is required; the rest has documented defaults."""
+    """Only the role is required; the rest has documented defaults (the connector: this
+    platform's, vLLM's CPU platform here)."""
     config = parse_afd_config({"role": "ffn"})
     assert config.role is Role.FFN and config.connector == "GlooAFDConnector"
     assert (config.host, config.port, config.num_attention_ranks, config.num_ffn_ranks) == (
@@ -27,7 +29,7 @@ def test_defaults() -> None:
         1,
     )
     assert config.compute_gate_on_attention is False and config.rank_offset == 0
-    assert config.connector_extra_config == GlooExtraConfig()
+    assert config.connector_extra_config == P2PExtraConfig()
 
 
 def test_full_config() -> None:
@@ -46,7 +48,7 @@ def test_full_config() -> None:
         }
     )
     assert config.is_attention and config.compute_gate_on_attention and config.rank_offset == 2
-    assert config.connector_extra_config == GlooExtraConfig(connect_timeout_s=30.5, timeout_s=5.0)
+    assert config.connector_extra_config == P2PExtraConfig(connect_timeout_s=30.5, timeout_s=5.0)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +62,8 @@ def test_full_config() -> None:
         ({"role": "ffn", "rank": 0}, "unknown key(s) ['rank']"),
         (
             {"role": "ffn", "connector": "P2pNccl"},
-            "connector='P2pNccl' is not allowed; allowed: GlooAFDConnector, LoopbackAFDConnector",
+            "connector='P2pNccl' is not allowed; allowed: GlooAFDConnector, NcclAFDConnector, "
+            "LoopbackAFDConnector",
         ),
         ({"role": "ffn", "port": 0}, "port=0 is not allowed; allowed: an integer in 1..65535"),
         ({"role": "ffn", "port": "80"}, "port='80' is not allowed"),
@@ -255,5 +258,58 @@ def test_the_loopback_connector_is_refused_for_the_ffn_role_at_parse_time() -> N
     assert str(raised.value) == (
         "additional_config.afd.connector='LoopbackAFDConnector' with additional_config.afd.role='ffn' "
         "is not allowed: this connector runs the FFN half inside the Attention engine, so no FFN "
-        "engine is started with it; allowed for role ffn: GlooAFDConnector"
+        "engine is started with it; allowed for role ffn: GlooAFDConnector, NcclAFDConnector"
     )
+
+
+@pytest.mark.parametrize(
+    ("platform", "connector"), [("cpu", "GlooAFDConnector"), ("cuda", "NcclAFDConnector")]
+)
+def test_the_default_connector_is_the_platforms(platform: str, connector: str) -> None:
+    config = parse_afd_config({"role": "ffn"}, platform=platform)
+    assert config.connector == connector
+    check_connector_platform(config, platform)  # and that platform takes it
+
+
+def test_a_platform_without_a_default_needs_a_connector() -> None:
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn"}, platform="npu")
+    assert str(raised.value) == (
+        "additional_config.afd.connector is required on platform 'npu', which has no default "
+        "connector; allowed: GlooAFDConnector, NcclAFDConnector, LoopbackAFDConnector (the "
+        "defaults: GlooAFDConnector on cpu, NcclAFDConnector on cuda)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("connector", "platform", "message"),
+    [
+        (
+            "GlooAFDConnector",
+            "cuda",
+            "additional_config.afd.connector='GlooAFDConnector' moves cpu tensors only, and this "
+            "engine runs on vLLM's 'cuda' platform; allowed there: NcclAFDConnector, "
+            "LoopbackAFDConnector (leave additional_config.afd.connector out for NcclAFDConnector)",
+        ),
+        (
+            "NcclAFDConnector",
+            "cpu",
+            "additional_config.afd.connector='NcclAFDConnector' moves cuda tensors only, and this "
+            "engine runs on vLLM's 'cpu' platform; allowed there: GlooAFDConnector, "
+            "LoopbackAFDConnector (leave additional_config.afd.connector out for GlooAFDConnector)",
+        ),
+    ],
+)
+def test_a_connector_of_another_platform_is_refused(
+    connector: str, platform: str, message: str
+) -> None:
+    config = parse_afd_config({"role": "attention", "connector": connector})
+    with pytest.raises(AFDConfigError) as raised:
+        check_connector_platform(config, platform)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_loopback_runs_on_either_platform(platform: str) -> None:
+    config = parse_afd_config({"role": "attention", "connector": "LoopbackAFDConnector"})
+    check_connector_platform(config, platform)

@@ -41,7 +41,7 @@ class AFDAttentionModelRunner(CPUModelRunner):
 
     @override(deltas=LOAD_SPANS)
     def load_model(self, load_dummy_weights: bool = False) -> None:
-        connect = prepare_attention(self.vllm_config, get_tensor_model_parallel_rank())
+        connect = prepare_attention(self.vllm_config, get_tensor_model_parallel_rank(), self.device)
         super().load_model(load_dummy_weights=load_dummy_weights)
         self.afd_connector = connect(self.get_model())
         self.afd_connector.set_layers(bind_connector(self.get_model(), self.afd_connector))
@@ -69,7 +69,7 @@ class AFDFFNModelRunner(CPUModelRunner):
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights=load_dummy_weights)
         self.afd_connector = connect_ffn(
-            self.vllm_config, get_tensor_model_parallel_rank(), self.get_model()
+            self.vllm_config, get_tensor_model_parallel_rank(), self.get_model(), self.device
         )
         self.afd_server: FFNServer | None = None
 
@@ -82,6 +82,7 @@ class AFDFFNModelRunner(CPUModelRunner):
             self.afd_connector,
             hidden_size=self.model_config.get_hidden_size(),
             dtype=self.model_config.dtype,
+            device=self.device,
             on_failure=exit_process,
         )
         self.afd_server.start()

@@ -1,0 +1,642 @@
+"""The point-to-point connector protocol, over one of two data planes (gloo for CPU tensors,
+NCCL for CUDA tensors; :mod:`afd_models.connectors.gloo`, :mod:`afd_models.connectors.nccl`).
+
+One group per FFN rank and TP lane (see :mod:`afd_models.topology`): the FFN worker is group rank
+0 and hosts the rendezvous store on its group's port; its Attention peers connect to it. Either
+side may start first: the store accepts the peers for ``connect_timeout_s``. The store is a public
+``TCPStore`` of this group's own, so nothing touches either engine's torch.distributed world.
+
+The control plane stays on the CPU whatever the data plane. Connecting is a handshake before the
+data plane forms. Each Attention peer opens a plain TCP "step channel" to the FFN worker (its port
+travels through the store) and sends its group rank and its
+:class:`~afd_models.connectors.base.Fingerprint`. The FFN worker answers at once: accepted, or
+refused with the reason (a field on which the engines differ, naming both values; a group rank
+another peer already holds; a malformed fingerprint), and a refusal ends the connect on both
+sides within ``timeout_s``. Once every peer is accepted the FFN worker tells them all to form the
+data plane; if it gives up first, it tells the peers it had accepted why. The data plane forms
+only between engines that agree, so a mismatch never waits out ``connect_timeout_s``. A
+constructor that fails closes whatever it had opened (store, sockets, data plane) before it raises.
+
+Per step each Attention peer sends a :class:`StepHeader` over its step channel. The FFN side
+waits for steps there, not in the data plane, because a pending gloo or NCCL receive cannot be
+woken: only a socket wait lets a stop end the idle FFN loop, and it sees a vanished peer at once.
+Each layer then crosses the data plane: hidden states (and router logits) from every peer, the
+FFN output back to each peer, as one batch of transfers per side and layer
+(:meth:`DataPlane.start`), in the same order on both sides, so that NCCL (which matches transfers
+by order) and gloo (which matches them by tag) pair them alike. A data plane that moves CPU
+tensors may carry the step's first layer on the step channel with its header
+(:attr:`DataPlane.first_layer_on_step_channel`): gloo moves data only once the receiver has posted
+its receive, and the FFN side can post it only after reading the header, so by gloo that layer
+would take three hops instead of one. Bytes round-trip every dtype bit for bit. Every transfer
+waits at most ``timeout_s``; the FFN side waits for the next step up to ``idle_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from torch.distributed import Store, TCPStore
+
+from afd_models.config import P2PExtraConfig
+from afd_models.connectors.base import (
+    AFDConnectionError,
+    AFDConnector,
+    FFNConnector,
+    Fingerprint,
+    StepHeader,
+    compare_fingerprints,
+    peer_counts,
+)
+from afd_models.log import get_logger
+from afd_models.topology import Group, peer_slices
+
+logger = get_logger(__name__)
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(torch.uint8)
+
+
+#: store key under which the FFN worker publishes the port of its step-header listener
+STEPS_KEY = "step-channel-port"
+_RANK = struct.Struct("!q")
+#: an FFN worker's answer on a step channel during the handshake: a kind, then a UTF-8 text
+_ANSWER = struct.Struct("!cI")
+#: the peer is accepted (no text)
+ACCEPTED = b"A"
+#: the peer is refused; the text says why
+REFUSED = b"R"
+#: every peer is accepted: form the gloo group (no text)
+READY = b"G"
+#: the FFN worker gave up after accepting this peer; the text says why
+GAVE_UP = b"X"
+
+
+def _answer(channel: socket.socket, kind: bytes, text: str = "") -> None:
+    data = text.encode()
+    channel.sendall(_ANSWER.pack(kind, len(data)) + data)
+
+
+def _tell(channel: socket.socket, kind: bytes, text: str) -> None:
+    """Best effort: a peer that is already gone cannot be told."""
+    try:
+        _answer(channel, kind, text)
+    except OSError:
+        pass
+
+
+def _read_answer(channel: socket.socket) -> tuple[bytes, str]:
+    head = bytearray(_ANSWER.size)
+    read_into(channel, memoryview(head))
+    kind, length = _ANSWER.unpack(head)
+    if kind not in (ACCEPTED, REFUSED, READY, GAVE_UP) or length > Fingerprint.MAX_BYTES:
+        raise AFDConnectionError(
+            f"received a malformed handshake answer {bytes(head)!r} (is the FFN side an AFD "
+            "connector of the same vllm-afd-overlay version?)"
+        )
+    text = bytearray(length)
+    read_into(channel, memoryview(text))
+    return kind, text.decode(errors="replace")
+
+
+def _read_fingerprint(channel: socket.socket) -> Fingerprint:
+    prefix = bytearray(Fingerprint.LENGTH.size)
+    read_into(channel, memoryview(prefix))
+    (length,) = Fingerprint.LENGTH.unpack(prefix)
+    if length > Fingerprint.MAX_BYTES:  # not read: decode names the announced length
+        return Fingerprint.decode(bytes(prefix))
+    payload = bytearray(length)
+    read_into(channel, memoryview(payload))
+    return Fingerprint.decode(bytes(prefix + payload))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One point-to-point transfer of a data plane: ``tensor`` to (``send``) or into group rank
+    ``peer``."""
+
+    send: bool
+    tensor: torch.Tensor
+    peer: int
+    #: what the transfer carries (:func:`layer_tag`): gloo matches transfers by it, NCCL by order
+    tag: int
+
+
+def layer_tag(layer_idx: int, logits: bool = False) -> int:
+    return 2 * layer_idx + (1 if logits else 0)
+
+
+#: waits until a batch of transfers is done (raising :class:`AFDConnectionError` past the timeout)
+Wait = Callable[[], None]
+
+
+class DataPlane(ABC):
+    """Moves a layer's tensors between the members of one connector group.
+
+    The connector calls :meth:`form` once every peer passed the handshake, then :meth:`start` once
+    per side and layer with the layer's transfers, in the same order on both sides.
+    """
+
+    #: names the plane in messages (``AFD gloo ffn: ...``)
+    name = "?"
+    #: whether a step's first layer may ride on the step channel with its header (CPU tensors only)
+    first_layer_on_step_channel = False
+
+    def __init__(self, device: torch.device, timeout_s: float):
+        #: where this plane's tensors live (buffers it receives into are allocated there)
+        self.device = device
+        self.timeout_s = timeout_s
+        #: ``host:port`` of the group, for messages
+        self.where = "?"
+
+    @abstractmethod
+    def form(self, store: Store, group_rank: int, size: int) -> None:
+        """Join the group (every member calls this together, after the handshake)."""
+
+    @abstractmethod
+    def start(self, transfers: Sequence[Transfer], what: str) -> Wait:
+        """Start ``transfers`` as one batch; the returned callable waits for all of them."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Abort pending transfers and release the plane; safe to call twice."""
+
+
+class _Rendezvous:
+    """The group's store (hosted by the FFN worker) and its data plane."""
+
+    def __init__(
+        self,
+        host: str,
+        group: Group,
+        group_rank: int,
+        extra: P2PExtraConfig,
+        role: str,
+        plane: DataPlane,
+    ):
+        self.host = host
+        self.where = f"{host}:{group.port}"
+        self.group = group
+        self.group_rank = group_rank
+        self.role = role
+        self.plane = plane
+        plane.where = self.where
+        self.connect_timeout_s = extra.connect_timeout_s
+        self.started = time.monotonic()
+        self.formed = False
+        #: how messages of this side begin: ``AFD gloo attention``
+        self.prefix = f"AFD {plane.name} {role}"
+        logger.info(
+            "%s: %s group %d at %s, waiting up to %.0f s for %d peer(s)",
+            self.prefix,
+            "hosting" if group_rank == 0 else "joining",
+            group.ffn_rank,
+            self.where,
+            extra.connect_timeout_s,
+            group.size - 1,
+        )
+        # Nobody waits for a worker count here: the engines agree on the group size only once
+        # the handshake has compared their fingerprints.
+        try:
+            self.store: TCPStore | None = TCPStore(
+                host,
+                group.port,
+                is_master=group_rank == 0,
+                timeout=timedelta(seconds=extra.connect_timeout_s),
+                wait_for_workers=False,
+            )
+        except (RuntimeError, OSError) as exc:
+            raise self._no_group(exc) from None
+
+    def _no_group(self, exc: BaseException) -> AFDConnectionError:
+        return AFDConnectionError(
+            f"{self.prefix}: no connector group at {self.where} within "
+            f"{self.connect_timeout_s:.0f} s (is the other role running with the same host/port?): {exc}"
+        )
+
+    def form(self) -> None:
+        """Form the data plane (every member calls this once the handshake accepted them all)."""
+        assert self.store is not None, "formed during construction only"
+        try:
+            self.plane.form(self.store, self.group_rank, self.group.size)
+        except (RuntimeError, OSError) as exc:
+            raise self._no_group(exc) from None
+        self.formed = True
+        logger.info(
+            "%s: group %d at %s ready in %.1f s",
+            self.prefix,
+            self.group.ffn_rank,
+            self.where,
+            time.monotonic() - self.started,
+        )
+
+    def publish_step_port(self, port: int) -> None:
+        """FFN side: tell the Attention peers where to send step headers."""
+        assert self.store is not None, "published during construction only"
+        self.store.set(STEPS_KEY, str(port))
+
+    def step_port(self) -> int:
+        """Attention side: the FFN worker's step-header port (waits up to ``connect_timeout_s``)."""
+        assert self.store is not None, "looked up during construction only"
+        try:
+            return int(self.store.get(STEPS_KEY))
+        except (RuntimeError, OSError) as exc:
+            raise self._no_group(exc) from None
+
+    def start(self, transfers: Sequence[Transfer], what: str) -> Wait:
+        if not self.formed:
+            raise AFDConnectionError(f"AFD {self.plane.name} connector at {self.where} is closed")
+        return self.plane.start(transfers, what)
+
+    def close(self) -> None:
+        """Abort pending transfers and release sockets and ports (the store's with its last
+        reference); safe to call twice."""
+        self.formed = False
+        self.plane.close()
+        self.store = None
+
+
+class P2PAttentionConnector(AFDConnector):
+    """Attention side: one worker, talking to the FFN rank of its group (group rank 0) over
+    ``plane``.
+
+    ``fingerprint`` describes this worker's engine (see
+    :func:`afd_models.connectors.factory.fingerprint`); without one the connector presents a bare
+    fingerprint, which only a bare FFN connector accepts (benchmarks, tests).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        group: Group,
+        attention_rank: int,
+        extra: P2PExtraConfig,
+        fingerprint: Fingerprint | None = None,
+        *,
+        plane: DataPlane,
+    ):
+        super().__init__()
+        self._pending: dict[int, tuple[torch.Tensor, Wait]] = {}
+        self._header: StepHeader | None = None
+        self._steps: socket.socket | None = None
+        self.fingerprint = fingerprint or Fingerprint.bare(attention_rank)
+        self._group = _Rendezvous(
+            host, group, group.group_rank_of_attention(attention_rank), extra, "attention", plane
+        )
+        self._prefix = self._group.prefix
+        try:
+            self._steps = self._connect_step_channel(extra)
+            self._group.form()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect_step_channel(self, extra: P2PExtraConfig) -> socket.socket:
+        """Open the step channel and pass the handshake; the channel is closed if either fails."""
+        where, rank = self._group.where, self.fingerprint.role_rank
+        port = self._group.step_port()
+        try:
+            channel = socket.create_connection((self._group.host, port), extra.connect_timeout_s)
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"{self._prefix}: no step channel from the FFN worker at {where}: {exc}"
+            ) from None
+        try:
+            channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            channel.settimeout(extra.timeout_s)
+            channel.sendall(_RANK.pack(self._group.group_rank) + self.fingerprint.encode())
+            kind, text = self._answer(channel, where, f"within {extra.timeout_s:.0f} s")
+            if kind == REFUSED:
+                raise AFDConnectionError(
+                    f"{self._prefix}: the FFN worker at {where} refused attention rank {rank}: {text}"
+                )
+            if kind != ACCEPTED:
+                raise AFDConnectionError(
+                    f"{self._prefix}: the FFN worker at {where} answered {kind!r} to the "
+                    "fingerprint, expected accepted or refused"
+                )
+            # accepted: wait for the other peers of the group, as long as connecting may take
+            channel.settimeout(extra.connect_timeout_s)
+            kind, text = self._answer(
+                channel, where, f"(every peer of the group) within {extra.connect_timeout_s:.0f} s"
+            )
+            if kind != READY:
+                raise AFDConnectionError(
+                    f"{self._prefix}: the FFN worker at {where} gave up before the group "
+                    f"formed: {text or repr(kind)}"
+                )
+            channel.settimeout(extra.timeout_s)
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
+    def _answer(self, channel: socket.socket, where: str, within: str) -> tuple[bytes, str]:
+        try:
+            return _read_answer(channel)
+        except TimeoutError:
+            raise AFDConnectionError(
+                f"{self._prefix}: the FFN worker at {where} did not answer the handshake "
+                f"{within} (is it an AFD FFN worker of the same vllm-afd-overlay version?)"
+            ) from None
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"{self._prefix}: the FFN worker at {where} closed the step channel during "
+                f"the handshake: {exc}"
+            ) from None
+
+    def _send_header(self, header: StepHeader) -> None:
+        self._header = header  # leaves with the step's first layer
+
+    def _send_layer(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None:
+        plane = self._group.plane
+        header, self._header = self._header, None
+        tensors = [hidden_states] if router_logits is None else [hidden_states, router_logits]
+        on_channel = header is not None and plane.first_layer_on_step_channel
+        if header is not None:
+            parts = [header.encode().numpy()]
+            if on_channel:
+                parts += [as_bytes(t).numpy() for t in tensors]
+            try:
+                self._live_steps.sendall(b"".join(parts))
+            except OSError as exc:
+                raise AFDConnectionError(
+                    f"AFD {plane.name} connector at {self._group.where}: step {self._step} failed "
+                    f"(the FFN worker is gone): {exc}"
+                ) from exc
+        sends = [] if on_channel else tensors
+        out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
+        # the receive first: gloo can land the answer as soon as the FFN side sends it
+        transfers = [Transfer(False, out, 0, layer_tag(layer_idx))] + [
+            Transfer(True, tensor, 0, layer_tag(layer_idx, logits=index == 1))
+            for index, tensor in enumerate(sends)
+        ]
+        self._pending[layer_idx] = (
+            out,
+            self._group.start(transfers, f"exchange of layer {layer_idx}"),
+        )
+
+    @property
+    def _live_steps(self) -> socket.socket:
+        if self._steps is None:
+            raise AFDConnectionError(
+                f"AFD {self._group.plane.name} connector at {self._group.where} is closed"
+            )
+        return self._steps
+
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
+        out, wait = self._pending.pop(layer_idx)
+        wait()
+        return out
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+        self._group.close()
+
+
+class P2PFFNConnector(FFNConnector):
+    """FFN side: group rank 0, serving the Attention peers of its group over ``plane``.
+
+    Each peer must present a fingerprint equal to ``fingerprint`` in every field but the role
+    rank (a bare one when not given, as :class:`P2PAttentionConnector` presents).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        group: Group,
+        extra: P2PExtraConfig,
+        fingerprint: Fingerprint | None = None,
+        *,
+        plane: DataPlane,
+    ):
+        self.group = group
+        self.idle_timeout_s = extra.idle_timeout_s
+        self.peers = list(range(1, group.size))
+        self.headers: list[StepHeader] = []
+        self._rows: list[slice] = []  # each peer's rows of the step's batch
+        self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
+        self._first_layer = False
+        self._channels: list[socket.socket] = []
+        self._group = _Rendezvous(host, group, 0, extra, "ffn", plane)
+        self._prefix = self._group.prefix
+        self._connector = f"AFD {plane.name} connector at {self._group.where}"
+        try:
+            # a stop writes to this pair to wake a wait_step blocked in select()
+            self._wake_reader, self._wake_writer = socket.socketpair()
+        except BaseException:
+            self._group.close()
+            raise
+        try:
+            self._channels = self._accept_step_channels(host, extra)
+            self._group.form()
+        except BaseException:
+            self.close()
+            raise
+
+    def _accept_step_channels(self, host: str, extra: P2PExtraConfig) -> list[socket.socket]:
+        """One TCP connection per Attention peer, in peer order, each past the handshake; on
+        failure every channel is closed, and the peers accepted so far are told why."""
+        channels: dict[int, socket.socket] = {}
+        try:
+            with socket.create_server((host, 0)) as listener:
+                self._group.publish_step_port(listener.getsockname()[1])
+                listener.settimeout(extra.connect_timeout_s)
+                while len(channels) < len(self.peers):
+                    try:
+                        channel, _ = listener.accept()
+                    except OSError as exc:
+                        raise AFDConnectionError(
+                            f"{self._prefix}: Attention peers {sorted(set(self.peers) - set(channels))} did "
+                            f"not open their step channel within {extra.connect_timeout_s:.0f} s: {exc}"
+                        ) from None
+                    try:
+                        rank = self._admit(channel, channels, extra)
+                    except BaseException:
+                        channel.close()
+                        raise
+                    channels[rank] = channel
+            for rank, channel in channels.items():
+                try:
+                    _answer(channel, READY)
+                except OSError as exc:
+                    raise AFDConnectionError(
+                        f"{self._prefix}: the Attention peer of group rank {rank} at "
+                        f"{self._group.where} left before the group formed: {exc}"
+                    ) from None
+        except BaseException as exc:
+            for channel in channels.values():
+                _tell(channel, GAVE_UP, str(exc) or type(exc).__name__)
+                channel.close()
+            raise
+        return [channels[peer] for peer in self.peers]
+
+    def _admit(
+        self, channel: socket.socket, channels: dict[int, socket.socket], extra: P2PExtraConfig
+    ) -> int:
+        """Read a peer's group rank and fingerprint and accept it, or refuse it (telling it why)
+        and raise."""
+        where = self._group.where
+        channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        channel.settimeout(extra.timeout_s)
+        rank_bytes = bytearray(_RANK.size)
+        try:
+            read_into(channel, memoryview(rank_bytes))
+            (rank,) = _RANK.unpack(rank_bytes)
+            theirs = _read_fingerprint(channel)
+        except AFDConnectionError as exc:  # malformed: say so to the peer too
+            _tell(channel, REFUSED, str(exc))
+            raise AFDConnectionError(
+                f"{self._prefix}: a peer of group {self._group.group.ffn_rank} at {where}: {exc}"
+            ) from None
+        except TimeoutError:
+            raise AFDConnectionError(
+                f"{self._prefix}: a peer at {where} sent no group rank and fingerprint within "
+                f"{extra.timeout_s:.0f} s (an AFD version without the connect handshake, or not an AFD peer?)"
+            ) from None
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"{self._prefix}: a peer at {where} left during the handshake: {exc}"
+            ) from None
+        reason = self._refusal(rank, theirs, channels)
+        if reason is not None:
+            _tell(channel, REFUSED, reason)
+            raise AFDConnectionError(
+                f"{self._prefix}: refused attention rank {theirs.role_rank} at {where}: {reason}"
+            )
+        try:
+            _answer(channel, ACCEPTED)
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"{self._prefix}: attention rank {theirs.role_rank} left during the handshake at {where}: {exc}"
+            ) from None
+        return rank
+
+    def _refusal(
+        self, rank: int, theirs: Fingerprint, channels: dict[int, socket.socket]
+    ) -> str | None:
+        """Why a peer with group rank ``rank`` and fingerprint ``theirs`` cannot join, or None."""
+        mismatches = compare_fingerprints(theirs, self.fingerprint)
+        if mismatches:
+            return "; ".join(mismatches)
+        group = self._group.group
+        if theirs.role_rank not in group.attention_ranks:
+            return (
+                f"attention rank {theirs.role_rank} is not served by the FFN rank {group.ffn_rank} "
+                f"(it serves attention ranks {list(group.attention_ranks)})"
+            )
+        if rank != group.group_rank_of_attention(theirs.role_rank):
+            return (
+                f"attention rank {theirs.role_rank} claims group rank {rank}, but its group rank "
+                f"is {group.group_rank_of_attention(theirs.role_rank)}"
+            )
+        if rank in channels:
+            return (
+                f"attention rank {theirs.role_rank} is already connected: two Attention workers "
+                "claim the same rank (give each Attention engine its own ranks)"
+            )
+        return None
+
+    def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
+        deadline = time.monotonic() + self.idle_timeout_s
+        headers = []
+        for peer, channel in zip(self.peers, self._channels, strict=True):
+            while True:
+                ready, _, _ = select.select(
+                    [channel, self._wake_reader], [], [], max(0.0, deadline - time.monotonic())
+                )
+                if stop.is_set():
+                    return None
+                if channel in ready:
+                    break
+                if not ready:
+                    raise AFDConnectionError(
+                        f"{self._connector}: no step from rank {peer} "
+                        f"for {self.idle_timeout_s:.0f} s (idle_timeout_s)"
+                    )
+            values = StepHeader.empty()
+            self._read(channel, values, f"step header from rank {peer}")
+            headers.append(StepHeader.decode(values))
+        self.headers = headers
+        self._rows = peer_slices(peer_counts(self.group, headers), self.group)
+        self._first_layer = True
+        return headers
+
+    def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every peer's rows of ``layer_idx``: by the data plane, or for the step's first layer on
+        a plane that allows it, from the step channel behind the header."""
+        plane = self._group.plane
+        on_channel = self._first_layer and plane.first_layer_on_step_channel
+        self._first_layer = False
+        hidden_all, logits_all, transfers = [], [], []
+        for index, (peer, header) in enumerate(zip(self.peers, self.headers, strict=True)):
+            rows = header.num_tokens
+            hidden = torch.empty(rows, header.hidden_size, dtype=header.dtype, device=plane.device)
+            hidden_all.append(hidden)
+            tensors = [hidden]
+            if header.logits_width:
+                logits = torch.empty(
+                    rows, header.logits_width, dtype=header.logits_dtype, device=plane.device
+                )
+                logits_all.append(logits)
+                tensors.append(logits)
+            for part, tensor in enumerate(tensors):
+                if on_channel:
+                    self._read(self._channels[index], tensor, f"layer {layer_idx} from rank {peer}")
+                else:
+                    transfers.append(Transfer(False, tensor, peer, layer_tag(layer_idx, part == 1)))
+        if transfers:
+            self._group.start(transfers, f"receive of layer {layer_idx}")()
+        merged_hidden = hidden_all[0] if len(hidden_all) == 1 else torch.cat(hidden_all)
+        merged_logits = (
+            (logits_all[0] if len(logits_all) == 1 else torch.cat(logits_all))
+            if logits_all
+            else None
+        )
+        return merged_hidden, merged_logits
+
+    def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
+        try:
+            read_into(channel, memoryview(out.view(torch.uint8).numpy()))
+        except OSError as exc:
+            raise AFDConnectionError(f"{self._connector}: {what} failed: {exc}") from exc
+
+    def send(self, layer_idx: int, output: torch.Tensor) -> None:
+        transfers = [
+            Transfer(True, output[rows], peer, layer_tag(layer_idx))
+            for peer, rows in zip(self.peers, self._rows, strict=True)
+        ]
+        self._group.start(transfers, f"send of layer {layer_idx}")()
+
+    def interrupt(self) -> None:
+        self._wake_writer.send(b"\0")
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        self._wake_reader.close()
+        self._wake_writer.close()
+        self._group.close()
+
+
+def read_into(channel: socket.socket, buffer: memoryview) -> None:
+    """Fill ``buffer`` from ``channel``; a closed connection is an error, not a short read."""
+    view = buffer.cast("B")
+    filled = 0
+    while filled < len(view):
+        received = channel.recv_into(view[filled:])
+        if not received:
+            raise ConnectionError("the peer closed the connection")
+        filled += received
