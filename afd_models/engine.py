@@ -43,8 +43,12 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-#: connectors whose exchange may be captured inside a CUDA graph (none yet: the NCCL one will be)
-GRAPH_CAPTURABLE_CONNECTORS: frozenset[str] = frozenset()
+#: connectors whose exchange may be captured inside a CUDA graph: NCCL transfers are recorded
+#: with the graph (its steps are announced before each replay), the loopback FFN half is
+#: captured with it; gloo moves CPU tensors from Python, which no graph records
+GRAPH_CAPTURABLE_CONNECTORS: frozenset[str] = frozenset(
+    {"NcclAFDConnector", "LoopbackAFDConnector"}
+)
 #: CUDA-graph modes that never capture the exchange: it runs eagerly between captured pieces
 CUDA_GRAPH_MODES_WITHOUT_EXCHANGE = ("NONE", "PIECEWISE")
 
@@ -75,7 +79,9 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
     if vllm_config.use_v2_model_runner:
         raise AFDConfigError("AFD runs on vLLM's V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0")
     check_connector_platform(afd, current_platform.device_type)
-    refuse_unsupported(vllm_config, afd)
+    import vllm.envs as envs
+
+    refuse_unsupported(vllm_config, afd, breakable_cudagraphs=envs.VLLM_USE_BREAKABLE_CUDAGRAPH)
     config = vllm_config.with_hf_config(model_config.hf_config, architectures=[target])
     if role is Role.ATTENTION:
         config = replace(config, compilation_config=_with_exchange_splitting(config))
@@ -123,7 +129,9 @@ def _with_exchange_splitting(vllm_config: VllmConfig) -> Any:
     return compilation
 
 
-def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
+def refuse_unsupported(
+    vllm_config: Any, afd: AFDConfig, *, breakable_cudagraphs: bool = False
+) -> None:
     """Raise for the first engine flag this role's AFD runtime cannot serve.
 
     Raises:
@@ -177,6 +185,13 @@ def refuse_unsupported(vllm_config: Any, afd: AFDConfig) -> None:
             "add --no-enable-prefix-caching to the FFN engine"
         )
     mode_name = vllm_config.compilation_config.cudagraph_mode.name
+    if afd.is_attention and breakable_cudagraphs and mode_name != "NONE":
+        # vLLM then wraps the model in its breakable wrapper, which announces no AFD step
+        raise AFDConfigError(
+            f"VLLM_USE_BREAKABLE_CUDAGRAPH=1 with cudagraph_mode={mode_name} is not supported by "
+            "the AFD Attention worker: its graph replays would not be announced to the FFN role; "
+            "allowed: VLLM_USE_BREAKABLE_CUDAGRAPH unset or 0"
+        )
     if (
         afd.is_attention
         and mode_name not in CUDA_GRAPH_MODES_WITHOUT_EXCHANGE

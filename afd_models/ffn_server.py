@@ -27,6 +27,7 @@ from afd_models.connectors.base import (
     StepHeader,
     peer_counts,
 )
+from afd_models.graphs import FFNGraphKey, FFNGraphs, GraphCounters, replays_graphs
 from afd_models.log import get_logger
 from afd_models.topology import Group, TopologyError, ffn_token_counts
 
@@ -80,18 +81,30 @@ def serve_step(
     vllm_config: VllmConfig,
     connector: FFNConnector,
     layers: Sequence[int],
+    headers: Sequence[StepHeader],
     tokens: int,
-) -> list[int]:
-    """Compute every remote layer of one step; the rows each layer computed on, in layer order."""
+    graphs: FFNGraphs | None = None,
+) -> tuple[list[int], bool]:
+    """Compute every remote layer of one step: the rows each layer computed on, in layer order,
+    and whether the step ran from ``graphs`` (only a step every peer replays from a graph may)."""
+    from_graphs = graphs is not None and replays_graphs(headers)
     rows = []
     with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
         for layer_idx in layers:
-            hidden_states, router_logits = connector.recv(layer_idx)
-            rows.append(hidden_states.shape[0])
-            connector.send(
-                layer_idx, model.compute_ffn_output(layer_idx, hidden_states, router_logits)
-            )
-    return rows
+
+            def layer(layer_idx: int = layer_idx) -> int:
+                hidden_states, router_logits = connector.recv(layer_idx)
+                output = model.compute_ffn_output(layer_idx, hidden_states, router_logits)
+                connector.send(layer_idx, output)
+                return int(hidden_states.shape[0])
+
+            if graphs is not None and from_graphs:
+                # a graph moves what its key fixes: the peers' announced tokens
+                graphs.run(FFNGraphKey.of(layer_idx, headers), layer)
+                rows.append(tokens)
+            else:
+                rows.append(layer())
+    return rows, from_graphs
 
 
 def exit_process(exc: BaseException) -> None:
@@ -138,11 +151,13 @@ class FFNServer:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        graphs: FFNGraphs | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         accelerator: Any = None,
     ):
         self.model = model
         self.device = device
+        self.graphs = graphs
         self.accelerator = accelerator
         self.vllm_config = vllm_config
         self.connector = connector
@@ -174,7 +189,9 @@ class FFNServer:
                 logger.error("AFD FFN server failed after %d steps: %s", self.steps, exc)
                 if self.on_failure is not None:
                     self.on_failure(exc)
-        logger.info("AFD FFN server: stopped after %d steps", self.steps)
+        logger.info(
+            "AFD FFN server: stopped after %d steps; counters %s", self.steps, self.counters()
+        )
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -189,7 +206,15 @@ class FFNServer:
                 hidden_size=self.hidden_size,
                 dtype=self.dtype,
             )
-            rows = serve_step(self.model, self.vllm_config, self.connector, self.layers, tokens)
+            rows, from_graphs = serve_step(
+                self.model,
+                self.vllm_config,
+                self.connector,
+                self.layers,
+                headers,
+                tokens,
+                self.graphs,
+            )
             with self._recent_lock:
                 self._recent.append(
                     {
@@ -197,6 +222,7 @@ class FFNServer:
                         "peers": peer_counts(self.group, headers),
                         "tokens": tokens,
                         "rows": rows,
+                        "graph": from_graphs,
                     }
                 )
             self.steps += 1
@@ -204,9 +230,14 @@ class FFNServer:
     def recent_steps(self) -> list[dict[str, Any]]:
         """The last :data:`RECENT_STEPS` steps, oldest first: ``step`` (its index), ``peers``
         (Attention rank -> tokens its header announced), ``tokens`` (this FFN rank's step count
-        from :func:`check_headers`) and ``rows`` (rows each remote layer received and computed)."""
+        from :func:`check_headers`), ``rows`` (rows each remote layer received and computed) and
+        ``graph`` (whether the step ran from FFN graphs)."""
         with self._recent_lock:
             return list(self._recent)
+
+    def counters(self) -> dict[str, int]:
+        """Graph captures and replays of the FFN graphs (zeros when the server runs eagerly)."""
+        return (self.graphs.counters if self.graphs is not None else GraphCounters()).as_dict()
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

@@ -24,7 +24,8 @@ environment markers (``python_version > "3.11"``) with the interpreter that runs
 ``--python-version`` says.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: tools/gpu_check.py loads this file by path without
+# registering it in sys.modules, and dataclasses look string annotations up there.
 
 import argparse
 import dataclasses
@@ -68,8 +69,8 @@ RESOLUTION_REVISION = 1
 PIP_TIMEOUT_S = 1800
 #: Seconds a probe (an interpreter's version, ``import torch``) may take.
 PROBE_TIMEOUT_S = 300
-#: Written into ``--target`` last, so a rerun with the same bundle skips the install.
-STAMP_NAME = ".afd-gpu-bundle.json"
+#: The archive sha256, written into ``--target`` last: a rerun with the same bundle skips the install.
+STAMP_NAME = ".afd-gpu-bundle.sha256"
 
 _PART_NAME = re.compile(re.escape(PART_PREFIX) + r"\d{3,}")
 _WHEEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+!-]*\.whl")
@@ -105,7 +106,7 @@ class BundleSpec:
     torch_version: str
     #: the GPU host's Python, ``major.minor``
     python_version: str
-    #: the GPU host's newest manylinux tag, e.g. ``manylinux_2_31_x86_64``
+    #: the manylinux tag of the GPU host's glibc and machine, e.g. ``manylinux_2_31_x86_64``
     platform: str
 
     @property
@@ -189,7 +190,7 @@ class Manifest:
         }
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> Manifest:
+    def from_json(cls, data: Any, where: str) -> "Manifest":
         """Parse and validate; names never leave the directory they are read from."""
         if not isinstance(data, dict):
             raise BundleError(f"{where}: expected a JSON object, found {type(data).__name__}")
@@ -250,9 +251,12 @@ def _get(
     """``data[key]``, checked to be a ``kind`` (and to match ``pattern``), or a BundleError naming it."""
     if not isinstance(data, dict) or key not in data:
         raise BundleError(f"{where}: key {key!r} is missing")
-    value = data[key]
-    if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
-        raise BundleError(f"{where}: {key!r} is {value!r}, expected a {kind.__name__}")
+    value: Any = data[key]
+    # ``type() is``, not isinstance: a JSON true must not pass for an int
+    valid = type(value) is kind and not (isinstance(value, int) and value < 0)
+    if not valid:
+        wanted = "non-negative int" if kind is int else kind.__name__
+        raise BundleError(f"{where}: {key!r} is {value!r}, expected a {wanted}")
     if pattern is not None and not pattern.fullmatch(value):
         raise BundleError(f"{where}: {key!r} is {value!r}, which does not match {pattern.pattern}")
     return value
@@ -597,12 +601,14 @@ def build_bundle(
     cached = sum((wheels_dir / w.filename).exists() for w in plan.wheels)
     log(f"{len(plan.wheels)} wheels for the bundle, {cached} already in {wheels_dir}")
     infos = []
-    for wheel in plan.wheels:
+    for index, wheel in enumerate(plan.wheels, 1):
         release = fetch.ReleaseFile(
             wheel.name, wheel.version, wheel.filename, wheel.url, wheel.sha256, "wheel"
         )
+        if not (wheels_dir / wheel.filename).exists():
+            log(f"  downloading [{index}/{len(plan.wheels)}] {wheel.filename}")
         try:
-            path = fetch.download(release, wheels_dir)
+            path = fetch.download(release, wheels_dir, quiet=True)
         except fetch.FetchError as exc:
             raise BundleError(str(exc)) from exc
         infos.append(
@@ -736,7 +742,7 @@ class HostFacts:
     torch_error: str = ""
 
     @classmethod
-    def probe(cls) -> HostFacts:
+    def probe(cls) -> "HostFacts":
         command = [sys.executable, "-c", "import torch; print(torch.__version__)"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         lines = (result.stdout + result.stderr).strip().splitlines() or [""]
@@ -795,19 +801,16 @@ def install(parts_dir: Path, *, target: Path | None = None) -> None:
 
     Raises:
         BundleError: the host cannot take the bundle (Python, glibc, torch), a part is missing or
-            damaged, or pip fails; nothing is installed then.
+            damaged, or pip fails. Checks run before pip; the stamp is written only after success.
     """
+    started = time.monotonic()
     manifest = read_manifest(parts_dir)
     problems = host_problems(manifest, HostFacts.probe())
     if problems:
         raise BundleError("this host cannot take the bundle:\n  - " + "\n  - ".join(problems))
     requirement = f"vllm=={manifest.spec.vllm_version}"
     stamp = None if target is None else target / STAMP_NAME
-    if (
-        stamp is not None
-        and stamp.exists()
-        and json.loads(stamp.read_text()) == manifest.archive_sha256
-    ):
+    if stamp is not None and stamp.is_file() and stamp.read_text() == manifest.archive_sha256:
         log(f"{target} already holds this bundle ({requirement}); nothing to do")
         return
     with tempfile.TemporaryDirectory(prefix="afd-gpu-bundle-") as scratch:
@@ -831,8 +834,11 @@ def install(parts_dir: Path, *, target: Path | None = None) -> None:
         else:
             log(f"this host already satisfies {requirement}; nothing to install into {target}")
     _check_visible(target, manifest.spec.vllm_version)
-    _write_atomic(target / STAMP_NAME, json.dumps(manifest.archive_sha256).encode())
-    log(f"installed {requirement} into {target}: put it first on PYTHONPATH")
+    _write_atomic(target / STAMP_NAME, manifest.archive_sha256.encode())
+    log(
+        f"installed {requirement} into {target} in {time.monotonic() - started:.0f} s: put it "
+        "first on PYTHONPATH"
+    )
 
 
 def _select_for_host(wheels_dir: Path, requirement: str, report: Path) -> list[Path]:
@@ -854,7 +860,7 @@ def _select_for_host(wheels_dir: Path, requirement: str, report: Path) -> list[P
         path = Path(
             urllib.request.url2pathname(urllib.parse.urlsplit(item["download_info"]["url"]).path)
         )
-        if path.parent != wheels_dir:
+        if path.resolve().parent != wheels_dir.resolve():
             raise BundleError(
                 f"pip chose {path}, which is not from the bundle (a find-links in pip's config?)"
             )
@@ -934,8 +940,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--platform",
         default=DEFAULT_PLATFORM,
-        help="the GPU host's newest manylinux tag; older tags count too (default: %(default)s, the "
-        "oldest vLLM 0.26.0's dependencies have wheels for on x86_64)",
+        help="manylinux tag of the GPU host's glibc and machine; wheels for older tags count too "
+        "(default: %(default)s: vLLM 0.26.0's llguidance has no x86_64 wheel for an older glibc)",
     )
     build.add_argument(
         "--part-mib",

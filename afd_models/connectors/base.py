@@ -7,7 +7,10 @@ Attention side (what the remote proxies call, in forward order, once per remote 
 
 A forward step starts when the first remote layer is sent; the connector then announces the
 step to the FFN side (a :class:`StepHeader`: token count, hidden size, dtype, router-logit width),
-so the FFN side can size its buffers. The FFN side serves steps in a loop::
+so the FFN side can size its buffers. A step replayed from a CUDA graph runs no Python, so the
+graph's owner announces it before the replay (:meth:`AFDConnector.announce_graph_step`), from the
+header recorded while the graph was captured (:meth:`AFDConnector.capturing`: the exchange is
+recorded into the graph, nothing is announced). The FFN side serves steps in a loop::
 
     header = ffn.wait_step(stop_event)            # None once stop_event is set
     for layer_idx in layers:
@@ -25,12 +28,14 @@ mismatched engines fail at connect time, naming the field and both values.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import struct
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -60,8 +65,13 @@ class StepHeader:
     logits_width: int = 0
     #: dtype of the router logits (the router may compute in float32)
     logits_dtype: torch.dtype = torch.float32
+    #: the Attention side replays a captured CUDA graph for this step (the FFN side may replay
+    #: one of its own for the same per-peer shapes; for any other step it runs eagerly)
+    graph: bool = False
 
     MAGIC = 0xAFD0
+    #: int64 values on the wire
+    SIZE = 8
 
     def encode(self) -> torch.Tensor:
         return torch.tensor(
@@ -73,24 +83,31 @@ class StepHeader:
                 DTYPES.index(self.dtype),
                 self.logits_width,
                 DTYPES.index(self.logits_dtype),
+                int(self.graph),
             ],
             dtype=torch.int64,
         )
 
     @classmethod
     def decode(cls, values: torch.Tensor) -> StepHeader:
-        magic, step, tokens, hidden, dtype_code, width, logits_code = (
+        magic, step, tokens, hidden, dtype_code, width, logits_code, graph = (
             int(v) for v in values.tolist()
         )
-        if magic != cls.MAGIC or not all(0 <= c < len(DTYPES) for c in (dtype_code, logits_code)):
+        if (
+            magic != cls.MAGIC
+            or not all(0 <= c < len(DTYPES) for c in (dtype_code, logits_code))
+            or graph not in (0, 1)
+        ):
             raise AFDConnectionError(
                 f"received a malformed step header {values.tolist()} (is the peer an AFD connector?)"
             )
-        return cls(step, tokens, hidden, DTYPES[dtype_code], width, DTYPES[logits_code])
+        return cls(
+            step, tokens, hidden, DTYPES[dtype_code], width, DTYPES[logits_code], bool(graph)
+        )
 
     @staticmethod
     def empty() -> torch.Tensor:
-        return torch.zeros(7, dtype=torch.int64)
+        return torch.zeros(StepHeader.SIZE, dtype=torch.int64)
 
 
 @dataclass(frozen=True)
@@ -279,6 +296,10 @@ class AFDConnector(ABC):
         self.stats = ExchangeStats()
         self._next = 0
         self._step = -1
+        #: a CUDA graph is being captured: the exchange is recorded, not announced
+        self.is_capturing = False
+        #: the header of each captured step, by token count, announced at its replays
+        self._captured: dict[int, StepHeader] = {}
 
     def set_layers(self, layers: list[int]) -> None:
         """The remote layers, in forward order (from :func:`afd_models.models.remote.bind_connector`)."""
@@ -295,8 +316,6 @@ class AFDConnector(ABC):
                 "send before set_layers: bind the connector to the model first"
             )
         if layer_idx == self.layers[0]:
-            self._step += 1
-            self.stats.steps += 1
             self._next = 0
             width, logits_dtype = (
                 (0, torch.float32)
@@ -304,23 +323,66 @@ class AFDConnector(ABC):
                 else (router_logits.shape[-1], router_logits.dtype)
             )
             tokens, hidden = hidden_states.shape[0], hidden_states.shape[-1]
-            self._send_header(
-                StepHeader(self._step, tokens, hidden, hidden_states.dtype, width, logits_dtype)
-            )
+            header = StepHeader(-1, tokens, hidden, hidden_states.dtype, width, logits_dtype)
+            if self.is_capturing:
+                self._captured[tokens] = dataclasses.replace(header, graph=True)
+                self._capture_header(header)
+            else:
+                self._open_step(header)
         expected = self.layers[self._next] if self._next < len(self.layers) else None
         if layer_idx != expected:
             raise AFDConnectionError(
                 f"layer {layer_idx} sent out of order; the FFN side expects layer {expected}"
             )
         self._next += 1
-        self.stats.started(layer_idx, hidden_states.numel() * hidden_states.element_size())
+        if not self.is_capturing:
+            self.stats.started(layer_idx, hidden_states.numel() * hidden_states.element_size())
         self._send_layer(layer_idx, hidden_states, router_logits)
 
     def recv(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
         """The FFN output of ``layer_idx``, shaped and typed like ``like``."""
         output = self._recv_layer(layer_idx, like)
-        self.stats.finished(layer_idx)
+        if not self.is_capturing:
+            self.stats.finished(layer_idx)
         return output
+
+    def _open_step(self, header: StepHeader) -> None:
+        self._step += 1
+        self.stats.steps += 1
+        self._send_header(dataclasses.replace(header, step=self._step))
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """While a CUDA graph captures a forward: its exchanges are recorded into the graph, and
+        its step header is kept for :meth:`announce_graph_step` instead of being announced."""
+        self.is_capturing = True
+        try:
+            yield
+        finally:
+            self.is_capturing = False
+
+    def announce_graph_step(self, num_tokens: int) -> None:
+        """Announce a step about to be replayed from the graph captured for ``num_tokens``
+        (padded) tokens; the replay itself runs the exchanges.
+
+        Raises:
+            AFDConnectionError: no graph of that size was captured through this connector.
+        """
+        header = self._captured.get(num_tokens)
+        if header is None:
+            raise AFDConnectionError(
+                f"a CUDA graph replay of {num_tokens} tokens, but this connector captured graphs "
+                f"for {sorted(self._captured) or 'no size'}"
+            )
+        self._open_step(header)
+
+    def _capture_header(self, header: StepHeader) -> None:
+        """What a capture does with the step header it does not announce: nothing by default."""
+        return None
+
+    def in_process_weight_bytes(self) -> int:
+        """Bytes of model weights the connector holds in this process (an in-process FFN half)."""
+        return 0
 
     @abstractmethod
     def _send_header(self, header: StepHeader) -> None: ...

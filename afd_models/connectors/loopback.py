@@ -45,7 +45,20 @@ class LoopbackConnector(AFDConnector):
         self._context: ForwardContext | None = None
         self._results: dict[int, torch.Tensor] = {}
 
+    def in_process_weight_bytes(self) -> int:
+        if self.ffn_model is None:
+            return 0
+        tensors = [*self.ffn_model.parameters(), *self.ffn_model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def _send_header(self, header: StepHeader) -> None:
+        self._begin(header)
+
+    def _capture_header(self, header: StepHeader) -> None:
+        # the in-process FFN half is captured with the graph, in its own forward context
+        self._begin(header)
+
+    def _begin(self, header: StepHeader) -> None:
         self.header = header
         self._context = self.step_context(header) if self.step_context is not None else None
 

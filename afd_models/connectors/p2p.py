@@ -355,27 +355,30 @@ class P2PAttentionConnector(AFDConnector):
             ) from None
 
     def _send_header(self, header: StepHeader) -> None:
-        self._header = header  # leaves with the step's first layer
+        if self._group.plane.first_layer_on_step_channel:
+            self._header = header  # leaves with the step's first layer
+        else:
+            self._write_step(header, [])
+
+    def _write_step(self, header: StepHeader, tensors: list[torch.Tensor]) -> None:
+        try:
+            self._live_steps.sendall(
+                b"".join([header.encode().numpy(), *(as_bytes(t).numpy() for t in tensors)])
+            )
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"AFD {self._group.plane.name} connector at {self._group.where}: step "
+                f"{header.step} failed (the FFN worker is gone): {exc}"
+            ) from exc
 
     def _send_layer(
         self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
     ) -> None:
-        plane = self._group.plane
         header, self._header = self._header, None
         tensors = [hidden_states] if router_logits is None else [hidden_states, router_logits]
-        on_channel = header is not None and plane.first_layer_on_step_channel
         if header is not None:
-            parts = [header.encode().numpy()]
-            if on_channel:
-                parts += [as_bytes(t).numpy() for t in tensors]
-            try:
-                self._live_steps.sendall(b"".join(parts))
-            except OSError as exc:
-                raise AFDConnectionError(
-                    f"AFD {plane.name} connector at {self._group.where}: step {self._step} failed "
-                    f"(the FFN worker is gone): {exc}"
-                ) from exc
-        sends = [] if on_channel else tensors
+            self._write_step(header, tensors)
+        sends = [] if header is not None else tensors
         out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
         # the receive first: gloo can land the answer as soon as the FFN side sends it
         transfers = [Transfer(False, out, 0, layer_tag(layer_idx))] + [

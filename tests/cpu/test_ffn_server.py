@@ -17,6 +17,7 @@ from vllm.config import VllmConfig
 
 from afd_models.connectors.base import AFDConnectionError, StepHeader
 from afd_models.ffn_server import FFNServer
+from afd_models.graphs import FFNGraphKey, FFNGraphs
 from afd_models.topology import group_of_ffn
 
 HIDDEN = 8
@@ -25,11 +26,18 @@ CPU = torch.device("cpu")
 
 
 class ScriptedConnector:
-    """FFN rank 0 of 3A2F (peers: Attention ranks 0 and 1) receiving scripted steps."""
+    """FFN rank 0 of 3A2F (peers: Attention ranks 0 and 1) receiving scripted steps; ``graphs``
+    says, per step, which peers announce a graph replay (none when not given)."""
 
-    def __init__(self, steps: list[tuple[int, ...]], rows_sent: list[int] | None = None):
+    def __init__(
+        self,
+        steps: list[tuple[int, ...]],
+        rows_sent: list[int] | None = None,
+        graphs: list[tuple[bool, ...]] | None = None,
+    ):
         self.group = group_of_ffn(0, 3, 2, 29650)
         self.steps = list(steps)
+        self.graphs = list(graphs) if graphs is not None else None
         self.rows_sent = rows_sent  # rows actually delivered per step, when not the announced sum
         self.current = 0
         self.outputs: list[tuple[int, torch.Tensor]] = []
@@ -42,7 +50,11 @@ class ScriptedConnector:
             return None
         counts = self.steps.pop(0)
         self.current = sum(counts) if self.rows_sent is None else self.rows_sent.pop(0)
-        return [StepHeader(0, n, HIDDEN, torch.float32) for n in counts]
+        flags = self.graphs.pop(0) if self.graphs is not None else (False,) * len(counts)
+        return [
+            StepHeader(0, n, HIDDEN, torch.float32, graph=flag)
+            for n, flag in zip(counts, flags, strict=True)
+        ]
 
     def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return torch.full((self.current, HIDDEN), float(layer_idx)), None
@@ -106,6 +118,7 @@ def _serve(
     model: DoublingModel | None = None,
     device: torch.device = CPU,
     accelerator: Any = None,
+    graphs: FFNGraphs | None = None,
 ) -> FFNServer:
     config = VllmConfig(
         additional_config={"afd": {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2}}
@@ -117,6 +130,7 @@ def _serve(
         hidden_size=HIDDEN,
         dtype=torch.float32,
         device=device,
+        graphs=graphs,
         on_failure=failures.append,
         accelerator=accelerator,
     )
@@ -135,9 +149,9 @@ def test_steps_are_computed_on_the_sum_of_the_peers_tokens_and_recorded() -> Non
     server = _serve(connector, failures)
     assert not failures
     assert server.recent_steps() == [
-        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [8, 8]},
-        {"step": 1, "peers": {0: 1, 1: 1}, "tokens": 2, "rows": [2, 2]},
-        {"step": 2, "peers": {0: 0, 1: 2}, "tokens": 2, "rows": [2, 2]},
+        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [8, 8], "graph": False},
+        {"step": 1, "peers": {0: 1, 1: 1}, "tokens": 2, "rows": [2, 2], "graph": False},
+        {"step": 2, "peers": {0: 0, 1: 2}, "tokens": 2, "rows": [2, 2], "graph": False},
     ]
     assert [(layer, out.shape[0]) for layer, out in connector.outputs] == [
         (1, 8),
@@ -158,7 +172,7 @@ def test_rows_record_what_arrived_not_what_was_announced() -> None:
     failures: list[BaseException] = []
     server = _serve(ScriptedConnector([(3, 5)], rows_sent=[7]), failures)
     assert server.recent_steps() == [
-        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [7, 7]}
+        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [7, 7], "graph": False}
     ]
 
 
@@ -199,3 +213,62 @@ def test_on_the_cpu_no_device_is_selected() -> None:
     _serve(ScriptedConnector([(1, 2)]), failures, model, CPU, accelerator)
     assert not failures
     assert accelerator.selected == [] and model.computed_on == [None, None]
+
+
+class FakeGraphs:
+    """A graph backend that records captures and replays; a replay runs what was captured, so a
+    replayed step still answers (and a replay of the wrong graph answers the wrong layer)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+
+    def capture(self, run: Any) -> Any:
+        self.log.append(("capture", len(self.log)))
+        return run
+
+    def replay(self, graph: Any) -> None:
+        self.log.append(("replay", len(self.log)))
+        graph()
+
+
+def test_ffn_graphs_follow_the_peers_replays_keyed_by_each_peers_tokens() -> None:
+    """Only steps every peer replays run from FFN graphs; a key is (layer, per-peer tokens,
+    logit width), so the same total split differently between the peers is another graph; the
+    first step of a key runs eagerly, the second captures and replays, the third replays."""
+    failures: list[BaseException] = []
+    graphs = FFNGraphs(FakeGraphs())
+    steps = [(1, 3), (1, 3), (2, 2), (1, 3), (1, 3), (1, 3)]
+    flags = [(True, True), (True, True), (True, True), (True, False), (False, False), (True, True)]
+    connector = ScriptedConnector(steps, graphs=flags)
+    server = _serve(connector, failures, graphs=graphs)
+    assert not failures
+    assert [step["graph"] for step in server.recent_steps()] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
+    key = FFNGraphKey(1, (1, 3), 0)
+    assert set(graphs._graphs) == {key, FFNGraphKey(2, (1, 3), 0)}  # (2, 2) is only warm
+    assert graphs._warm == {
+        key,
+        FFNGraphKey(2, (1, 3), 0),
+        FFNGraphKey(1, (2, 2), 0),
+        FFNGraphKey(2, (2, 2), 0),
+    }
+    # step 1 captures both layers, step 6 replays them: 2 captures, 4 replays
+    assert server.counters() == {"graph_captures": 2, "graph_replays": 4, "ubatch_splits": 0}
+    # every layer of every step still answered with its own layer's output
+    assert [layer for layer, _ in connector.outputs] == [1, 2] * len(steps)
+    assert all(
+        torch.equal(out, torch.full_like(out, 2.0 * layer)) for layer, out in connector.outputs
+    )
+
+
+def test_without_graphs_a_replaying_peer_is_served_eagerly() -> None:
+    failures: list[BaseException] = []
+    server = _serve(ScriptedConnector([(1, 3)], graphs=[(True, True)]), failures)
+    assert not failures and server.recent_steps()[0]["graph"] is False
+    assert server.counters() == {"graph_captures": 0, "graph_replays": 0, "ubatch_splits": 0}

@@ -85,3 +85,16 @@ def test_kv_cache_scales_are_left_to_vllm() -> None:
 def test_a_missing_fp8_scale_is_still_named() -> None:
     with pytest.raises(ValueError, match=r"not loaded: weight_scale_inv$"):
         _load(FP8Layer(), ["weight"])
+
+
+def test_an_in_process_ffn_half_counts_its_weights() -> None:
+    """The loopback connector reports its FFN model's bytes (parameters and buffers), which the
+    GPU runner adds to the weights it budgets; a connector without an FFN half reports none."""
+    from afd_models.connectors.loopback import LoopbackConnector
+
+    connector = LoopbackConnector(lambda layer, hidden, logits: hidden)
+    assert connector.in_process_weight_bytes() == 0
+    ffn = nn.Linear(4, 3, dtype=torch.bfloat16)
+    ffn.register_buffer("bias_correction", torch.zeros(5, dtype=torch.float32))
+    connector.ffn_model = ffn
+    assert connector.in_process_weight_bytes() == (4 * 3 + 3) * 2 + 5 * 4

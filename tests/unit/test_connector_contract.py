@@ -60,9 +60,19 @@ def test_header_round_trip(dtype: torch.dtype) -> None:
     assert StepHeader.decode(header.encode()) == header
 
 
-def test_malformed_header_is_refused() -> None:
+@pytest.mark.parametrize("graph", [False, True])
+def test_header_carries_the_graph_flag(graph: bool) -> None:
+    header = StepHeader(1, 4, 16, torch.float16, graph=graph)
+    assert StepHeader.decode(header.encode()).graph is graph
+
+
+@pytest.mark.parametrize("position", [0, 4, 7])
+def test_malformed_header_is_refused(position: int) -> None:
+    """A wrong magic, dtype code or graph flag is refused."""
+    values = StepHeader(0, 1, 8, torch.float32).encode()
+    values[position] = 9
     with pytest.raises(AFDConnectionError, match="malformed step header"):
-        StepHeader.decode(torch.zeros(7, dtype=torch.int64))
+        StepHeader.decode(values)
 
 
 def test_first_remote_layer_opens_a_step() -> None:
@@ -79,6 +89,34 @@ def test_first_remote_layer_opens_a_step() -> None:
     assert [h.step for h in headers] == [0, 1]  # type: ignore[union-attr]
     assert headers[0] == StepHeader(0, 5, 8, torch.bfloat16, 0, torch.float32)
     assert connector.stats.as_dict()["exchanges"] == 4
+
+
+def test_a_captured_step_is_announced_at_each_replay_not_at_capture() -> None:
+    """While a graph captures, the exchange runs (into the graph) but no step is announced and
+    no round trip counted; each replay announces the captured step's header with ``graph`` set,
+    numbered with the eager steps; a replay of a size never captured is an error."""
+    connector = Recording()
+    connector.set_layers([1, 2])
+    x = torch.ones(4, 8, dtype=torch.bfloat16)
+    with connector.capturing():
+        assert connector.is_capturing
+        for layer in (1, 2):
+            connector.send(layer, x, None)
+            connector.recv(layer, x)
+    assert not connector.is_capturing
+    assert [kind for kind, _ in connector.sent] == ["layer", "layer"]
+    assert connector.stats.as_dict()["steps"] == 0 and connector.stats.as_dict()["exchanges"] == 0
+    connector.announce_graph_step(4)
+    for layer in (1, 2):  # an eager step after the replay
+        connector.send(layer, x, None)
+        connector.recv(layer, x)
+    headers = [item for kind, item in connector.sent if kind == "header"]
+    assert headers == [
+        StepHeader(0, 4, 8, torch.bfloat16, graph=True),
+        StepHeader(1, 4, 8, torch.bfloat16, graph=False),
+    ]
+    with pytest.raises(AFDConnectionError, match=r"replay of 8 tokens, .* graphs for \[4\]"):
+        connector.announce_graph_step(8)
 
 
 def test_out_of_order_layer_is_an_error() -> None:

@@ -54,14 +54,33 @@ def test_defaults_and_graphs_without_the_exchange_are_accepted(role: str, mode: 
 
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
-@pytest.mark.parametrize("connector", ["GlooAFDConnector", "LoopbackAFDConnector"])
-def test_full_cuda_graphs_are_refused_on_attention(mode: str, connector: str) -> None:
+def test_full_cuda_graphs_are_refused_on_attention_with_gloo(mode: str) -> None:
     with pytest.raises(AFDConfigError) as error:
-        refuse_unsupported(engine(cudagraph_mode=mode), afd("attention", connector=connector))
+        refuse_unsupported(
+            engine(cudagraph_mode=mode), afd("attention", connector="GlooAFDConnector")
+        )
     message = str(error.value)
     assert f"--compilation-config cudagraph_mode={mode}" in message
-    assert connector in message
+    assert "GlooAFDConnector" in message
     assert "allowed: NONE or PIECEWISE" in message and "--enforce-eager" in message
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("connector", ["NcclAFDConnector", "LoopbackAFDConnector"])
+def test_full_cuda_graphs_capture_the_nccl_and_loopback_exchange(mode: str, connector: str) -> None:
+    refuse_unsupported(engine(cudagraph_mode=mode), afd("attention", connector=connector))
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_DECODE_ONLY"])
+def test_breakable_cuda_graphs_are_refused_on_attention(mode: str) -> None:
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(
+            engine(cudagraph_mode=mode),
+            afd("attention", connector="NcclAFDConnector"),
+            breakable_cudagraphs=True,
+        )
+    assert str(error.value).startswith(f"VLLM_USE_BREAKABLE_CUDAGRAPH=1 with cudagraph_mode={mode}")
+    refuse_unsupported(engine(), afd("attention"), breakable_cudagraphs=True)  # eager: no graph
 
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])

@@ -8,11 +8,14 @@ connector to the model's remote proxies; the FFN runner loads the FFN half, conn
 steps.
 """
 
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from afd_models.connectors.factory import connect_ffn, prepare_attention
 from afd_models.ffn_server import FFNServer, exit_process
+from afd_models.generated import generated_subclass
+from afd_models.graphs import AttentionGraphSteps, CudaGraphs, FFNGraphs
 from afd_models.models.remote import bind_connector
 from codegen.markers import delta, extend, override, subclass
 
@@ -45,9 +48,24 @@ class AFDAttentionModelRunner(CPUModelRunner):
         super().load_model(load_dummy_weights=load_dummy_weights)
         self.afd_connector = connect(self.get_model())
         self.afd_connector.set_layers(bind_connector(self.get_model(), self.afd_connector))
+        # vLLM's GPU runner budgets the weights it measured while loading; an in-process FFN
+        # half was built before, so it counts here, or the KV cache would take its memory
+        if hasattr(self, "model_memory_usage"):
+            self.model_memory_usage += self.afd_connector.in_process_weight_bytes()
+        self.afd_graph_steps = AttentionGraphSteps(self.afd_connector)
+        if type(self.model) is CUDAGraphWrapper:
+            # vLLM's FULL-graph wrapper, replaced by the AFD one that announces replays
+            wrapper = generated_subclass("AFDCUDAGraphWrapper", CUDAGraphWrapper)
+            self.model = wrapper(
+                self.model.unwrap(), self.vllm_config, runtime_mode=self.model.runtime_mode
+            )
+            self.model.bind_afd_steps(self.afd_graph_steps)
 
     @override
     def shutdown(self) -> None:
+        steps = getattr(self, "afd_graph_steps", None)
+        if steps is not None:
+            steps.report()
         try:
             super().shutdown()
         finally:
@@ -59,6 +77,11 @@ class AFDAttentionModelRunner(CPUModelRunner):
     def afd_connector_stats(self) -> dict[str, float]:
         """Round trips through the connector so far (for the demo and benchmarks)."""
         return self.afd_connector.stats.as_dict()
+
+    @extend
+    def afd_counters(self) -> dict[str, int]:
+        """Graph captures and replays, and micro-batch splits, of this runner's steps."""
+        return self.afd_graph_steps.counters.as_dict()
 
 
 @subclass(bases=RUNNER_BASES, name="AFDFFN{base}")
@@ -74,8 +97,13 @@ class AFDFFNModelRunner(CPUModelRunner):
         self.afd_server: FFNServer | None = None
 
     @extend
-    def start_afd_server(self) -> FFNServer:
-        """Start serving the Attention peers in a background thread; a failure ends the process."""
+    def start_afd_server(self, cuda_graphs: bool) -> FFNServer:
+        """Start serving the Attention peers in a background thread; a failure ends the process.
+
+        With ``cuda_graphs`` on a CUDA device, steps every peer replays from a graph run from
+        FFN graphs (afd_models.graphs); otherwise every step runs eagerly.
+        """
+        graphs = FFNGraphs(CudaGraphs()) if cuda_graphs and self.device.type == "cuda" else None
         self.afd_server = FFNServer(
             self.get_model(),
             self.vllm_config,
@@ -83,6 +111,7 @@ class AFDFFNModelRunner(CPUModelRunner):
             hidden_size=self.model_config.get_hidden_size(),
             dtype=self.model_config.dtype,
             device=self.device,
+            graphs=graphs,
             on_failure=exit_process,
         )
         self.afd_server.start()

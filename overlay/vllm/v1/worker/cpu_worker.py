@@ -20,6 +20,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from afd_models.config import Role
 from afd_models.engine import prepare_worker_config
 from afd_models.generated import generated_subclass
+from afd_models.graphs import GraphCounters
 from codegen.markers import delta, extend, override, subclass
 
 WORKER_BASES = ("CPUWorker", "vllm.v1.worker.gpu_worker:Worker")
@@ -68,6 +69,11 @@ class AFDAttentionWorker(CPUWorker):
         """Round trips through the connector (``collective_rpc("afd_connector_stats")``)."""
         return self.model_runner.afd_connector_stats()
 
+    @extend
+    def afd_counters(self) -> dict[str, int]:
+        """Graph captures and replays, micro-batch splits (``collective_rpc("afd_counters")``)."""
+        return self.model_runner.afd_counters()
+
 
 @subclass(bases=WORKER_BASES, name="AFDFFN{base}")
 class AFDFFNWorker(CPUWorker):
@@ -86,6 +92,9 @@ class AFDFFNWorker(CPUWorker):
         super().__init__(
             config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )
+        # the FFN worker's own config runs eagerly; the operator's --enforce-eager (on the
+        # engine's config) says whether it may replay CUDA graphs for the Attention's replays
+        self.afd_cuda_graphs = not vllm_config.model_config.enforce_eager
 
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
@@ -131,7 +140,7 @@ class AFDFFNWorker(CPUWorker):
                 "the AFD FFN worker reported no KV cache, but the engine configured one"
             )
         self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
-        self.model_runner.start_afd_server()
+        self.model_runner.start_afd_server(self.afd_cuda_graphs)
 
     @override(
         deltas=(
@@ -176,6 +185,12 @@ class AFDFFNWorker(CPUWorker):
         server = getattr(self.model_runner, "afd_server", None)
         if server is not None:
             server.raise_if_failed()
+
+    @extend
+    def afd_counters(self) -> dict[str, int]:
+        """Graph captures and replays of the FFN graphs (``collective_rpc("afd_counters")``)."""
+        server = getattr(self.model_runner, "afd_server", None)
+        return GraphCounters().as_dict() if server is None else server.counters()
 
     @extend
     def afd_ffn_steps(self) -> list[dict[str, object]]:

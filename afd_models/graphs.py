@@ -1,0 +1,162 @@
+"""CUDA graphs of the two roles: which steps run from a graph, and counters that show it.
+
+**Attention.** vLLM captures and replays the Attention model's FULL graphs itself (its
+``CUDAGraphWrapper``; decode batches in ``FULL_DECODE_ONLY``), and the exchange op is captured
+with them. A replay runs no Python, so the AFD wrapper (generated from
+``overlay/vllm/compilation/cuda_graph.py``) hands each FULL call to :class:`AttentionGraphSteps`:
+the first call for a batch shape is a capture, run inside ``connector.capturing()`` (the exchange
+is recorded, nothing is announced); every later one is a replay, announced to the FFN side first
+with the header kept from the capture (``graph`` set). Eager steps, prefill and mixed batches among
+them, announce themselves as before, with ``graph`` unset.
+
+**FFN.** A step may run from the FFN's own graphs only when every peer's header says it replays a
+graph (:func:`replays_graphs`); any other step runs eagerly, whatever graphs exist. FFN graphs are
+per layer and keyed by :class:`FFNGraphKey`: the layer, each peer's token count in group order and
+the router-logit width, never the step's total alone (a graph keyed by the total would replay
+for another split of the same total between peers). The first step of a key runs eagerly (it
+warms the kernels for that shape); the second captures the layer's receive, compute and send and
+replays it; later ones replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import torch
+from vllm.forward_context import get_forward_context, is_forward_context_available
+
+from afd_models.connectors.base import AFDConnector, StepHeader
+from afd_models.log import get_logger
+
+logger = get_logger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class GraphCounters:
+    """What ran from graphs on one worker (``collective_rpc("afd_counters")``)."""
+
+    graph_captures: int = 0
+    graph_replays: int = 0
+    #: steps split into two micro-batches (DBO; not implemented yet, so 0)
+    ubatch_splits: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "graph_captures": self.graph_captures,
+            "graph_replays": self.graph_replays,
+            "ubatch_splits": self.ubatch_splits,
+        }
+
+
+def full_graph_call(runtime_mode: Any, entries: Mapping[Any, Any]) -> tuple[bool, int] | None:
+    """What a call of vLLM's graph wrapper for ``runtime_mode`` (with graph ``entries`` by batch
+    descriptor) is about to do, read from the forward context: None when it neither captures nor
+    replays (another mode, no forward context), else whether a graph exists for the batch shape
+    (a replay; without one vLLM captures) and the batch's padded token count."""
+    if not is_forward_context_available():
+        return None
+    context = get_forward_context()
+    descriptor = context.batch_descriptor
+    if context.cudagraph_runtime_mode != runtime_mode or descriptor is None:
+        return None
+    entry = entries.get(descriptor)
+    return entry is not None and entry.cudagraph is not None, descriptor.num_tokens
+
+
+class AttentionGraphSteps:
+    """The Attention side's part in a FULL CUDA-graph call (see the module docstring)."""
+
+    def __init__(self, connector: AFDConnector):
+        self.connector = connector
+        self.counters = GraphCounters()
+
+    def run(self, captured: bool, num_tokens: int, call: Callable[[], T]) -> T:
+        """Run ``call`` (vLLM's wrapper), which replays the graph of ``num_tokens`` (padded)
+        tokens if ``captured``, else captures it."""
+        if captured:
+            self.connector.announce_graph_step(num_tokens)
+            self.counters.graph_replays += 1
+            return call()
+        with self.connector.capturing():
+            result = call()
+        self.counters.graph_captures += 1
+        return result
+
+    def report(self) -> None:
+        """Log the counters (at shutdown)."""
+        logger.info("AFD attention graphs: %s", self.counters.as_dict())
+
+
+@dataclass(frozen=True)
+class FFNGraphKey:
+    """Everything that fixes the transfers and shapes of one FFN layer's graph."""
+
+    layer: int
+    #: each peer's tokens, in the group's peer order
+    peer_tokens: tuple[int, ...]
+    #: router-logit width (0 when the gate runs on FFN)
+    logits_width: int
+
+    @classmethod
+    def of(cls, layer: int, headers: Sequence[StepHeader]) -> FFNGraphKey:
+        widths = {h.logits_width for h in headers}
+        if len(widths) != 1:
+            raise ValueError(f"peers announce different router-logit widths {sorted(widths)}")
+        return cls(layer, tuple(h.num_tokens for h in headers), widths.pop())
+
+
+def replays_graphs(headers: Sequence[StepHeader]) -> bool:
+    """Whether every peer replays a graph in this step (only then may the FFN side)."""
+    return bool(headers) and all(h.graph for h in headers)
+
+
+class GraphBackend(Protocol):
+    """Captures and replays device graphs (:class:`CudaGraphs`; fakes in tests)."""
+
+    def capture(self, run: Callable[[], object]) -> Any: ...
+
+    def replay(self, graph: Any) -> None: ...
+
+
+class CudaGraphs:
+    """CUDA graphs on the current device and stream, all from one memory pool (the FFN server
+    replays one layer at a time, so its graphs never run concurrently)."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, run: Callable[[], object]) -> Any:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream()):
+            run()
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+@dataclass
+class FFNGraphs:
+    """The FFN server's graphs, by key (see the module docstring)."""
+
+    backend: GraphBackend
+    counters: GraphCounters = field(default_factory=GraphCounters)
+    _graphs: dict[FFNGraphKey, Any] = field(default_factory=dict)
+    _warm: set[FFNGraphKey] = field(default_factory=set)
+
+    def run(self, key: FFNGraphKey, layer: Callable[[], object]) -> None:
+        """Run one layer of a step every peer replays: eagerly the first time for ``key``, then
+        captured and replayed."""
+        graph = self._graphs.get(key)
+        if graph is None:
+            if key not in self._warm:
+                self._warm.add(key)
+                layer()
+                return
+            graph = self._graphs[key] = self.backend.capture(layer)
+            self.counters.graph_captures += 1
+        self.backend.replay(graph)
+        self.counters.graph_replays += 1

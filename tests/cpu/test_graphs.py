@@ -1,0 +1,84 @@
+"""CUDA-graph logic of both roles without a GPU (afd_models.graphs): what a call of vLLM's graph
+wrapper is about to do, read from a real forward context; the Attention side announcing replays
+and never captures; FFN graph keys (the per-peer split, not the total)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.forward_context import BatchDescriptor, set_forward_context
+
+from afd_models.connectors.base import StepHeader
+from afd_models.connectors.loopback import LoopbackConnector
+from afd_models.graphs import AttentionGraphSteps, FFNGraphKey, full_graph_call, replays_graphs
+
+FOUR = BatchDescriptor(num_tokens=4)
+
+
+def _call_in(mode: CUDAGraphMode, entries: dict, wrapper_mode: CUDAGraphMode = CUDAGraphMode.FULL):
+    with set_forward_context(
+        None, VllmConfig(), cudagraph_runtime_mode=mode, batch_descriptor=FOUR
+    ):
+        return full_graph_call(wrapper_mode, entries)
+
+
+def test_a_full_call_without_a_graph_captures_and_with_one_replays() -> None:
+    assert _call_in(CUDAGraphMode.FULL, {}) == (False, 4)
+    assert _call_in(CUDAGraphMode.FULL, {FOUR: SimpleNamespace(cudagraph=None)}) == (False, 4)
+    assert _call_in(CUDAGraphMode.FULL, {FOUR: SimpleNamespace(cudagraph=object())}) == (True, 4)
+
+
+def test_calls_vllm_neither_captures_nor_replays_are_left_alone() -> None:
+    graph = {FOUR: SimpleNamespace(cudagraph=object())}
+    assert _call_in(CUDAGraphMode.NONE, graph) is None  # eager step, warm-up, profile run
+    assert _call_in(CUDAGraphMode.PIECEWISE, graph) is None  # another wrapper's mode
+    assert full_graph_call(CUDAGraphMode.FULL, graph) is None  # no forward context
+
+
+def test_attention_announces_replays_of_what_it_captured() -> None:
+    """A capture runs the exchange (the loopback FFN half in its own forward context) without
+    announcing a step; each replay announces the captured step with ``graph`` set."""
+    announced: list[StepHeader] = []
+
+    class Announcing(LoopbackConnector):
+        def _send_header(self, header: StepHeader) -> None:
+            announced.append(header)
+            super()._send_header(header)
+
+    connector = Announcing(lambda layer, hidden, logits: hidden * layer)
+    connector.set_layers([1, 2])
+    steps = AttentionGraphSteps(connector)
+    x = torch.ones(4, 8)
+
+    def forward() -> list[torch.Tensor]:
+        outputs = []
+        for layer in (1, 2):
+            connector.send(layer, x, None)
+            outputs.append(connector.recv(layer, x))
+        return outputs
+
+    captured = steps.run(False, 4, forward)
+    assert [out[0, 0].item() for out in captured] == [1.0, 2.0] and announced == []
+    steps.run(True, 4, lambda: None)  # a replay runs no Python of the model
+    steps.run(True, 4, lambda: None)
+    assert [(h.step, h.num_tokens, h.graph) for h in announced] == [(0, 4, True), (1, 4, True)]
+    assert steps.counters.as_dict() == {"graph_captures": 1, "graph_replays": 2, "ubatch_splits": 0}
+
+
+def test_ffn_graph_keys_hold_each_peers_tokens() -> None:
+    first = [StepHeader(0, 1, 8, torch.float32, 4), StepHeader(0, 3, 8, torch.float32, 4)]
+    second = [StepHeader(0, 3, 8, torch.float32, 4), StepHeader(0, 1, 8, torch.float32, 4)]
+    assert FFNGraphKey.of(2, first) == FFNGraphKey(2, (1, 3), 4)
+    assert FFNGraphKey.of(2, first) != FFNGraphKey.of(2, second)  # same total, other split
+    with pytest.raises(ValueError, match=r"different router-logit widths \[0, 4\]"):
+        FFNGraphKey.of(2, [first[0], StepHeader(0, 3, 8, torch.float32, 0)])
+
+
+def test_the_ffn_replays_only_when_every_peer_does() -> None:
+    replaying = StepHeader(0, 1, 8, torch.float32, graph=True)
+    eager = StepHeader(0, 1, 8, torch.float32)
+    assert replays_graphs([replaying, replaying])
+    assert not replays_graphs([replaying, eager]) and not replays_graphs([])

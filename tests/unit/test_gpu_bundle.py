@@ -1,0 +1,518 @@
+"""The GPU bundle: parts, manifest and assembly, resolution planning, host checks, CLI (tools/gpu_bundle.py)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import gpu_bundle
+from gpu_bundle import (
+    BundleError,
+    BundleSpec,
+    HostDist,
+    HostFacts,
+    Manifest,
+    ResolvedWheel,
+    WheelInfo,
+    WheelRole,
+)
+
+SCRIPT = Path(gpu_bundle.__file__)
+SPEC = BundleSpec("0.26.0", "2.11.0", "3.12", "manylinux_2_31_x86_64")
+#: Small enough that a few KiB of fake wheels make several parts.
+PART_BYTES = 2048
+
+
+def _fake_wheels(directory: Path, sizes: tuple[int, ...] = (3000, 5000, 1500)) -> list[WheelInfo]:
+    directory.mkdir(parents=True, exist_ok=True)
+    infos = []
+    for i, size in enumerate(sizes):
+        data = random.Random(i).randbytes(size)
+        filename = f"pkg{i}-1.{i}-py3-none-any.whl"
+        (directory / filename).write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        infos.append(WheelInfo(filename, f"pkg{i}", f"1.{i}", sha, size, WheelRole.REQUIRED))
+    return infos
+
+
+@dataclasses.dataclass
+class Packed:
+    wheels_dir: Path
+    out: Path
+    manifest: Manifest
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> Packed:
+    wheels_dir = tmp_path / "wheels"
+    infos = _fake_wheels(wheels_dir)
+    out = tmp_path / "out"
+    manifest = gpu_bundle.pack_bundle(
+        infos,
+        wheels_dir,
+        out,
+        SPEC,
+        part_bytes=PART_BYTES,
+        host_provided=[HostDist("torch", "2.11.0")],
+    )
+    return Packed(wheels_dir, out, manifest)
+
+
+# --------------------------------------------------------------------------- parts and manifest
+
+
+def test_round_trip(packed: Packed, tmp_path: Path) -> None:
+    """assemble gives back exactly the packed wheels, byte for byte, and nothing else."""
+    into = tmp_path / "into"
+    paths = gpu_bundle.assemble(packed.out, into)
+    assert [p.name for p in paths] == [w.filename for w in packed.manifest.wheels]
+    for path in paths:
+        assert path.read_bytes() == (packed.wheels_dir / path.name).read_bytes()
+    assert sorted(p.name for p in into.iterdir()) == sorted(p.name for p in paths)
+
+
+def test_parts_respect_the_limit(packed: Packed) -> None:
+    """Every part is at most the limit, only the last is shorter, and they join to the archive."""
+    parts = packed.manifest.parts
+    assert len(parts) == math.ceil(packed.manifest.archive_size / PART_BYTES) > 2
+    assert all(p.size == PART_BYTES for p in parts[:-1]) and 0 < parts[-1].size <= PART_BYTES
+    joined = b"".join((packed.out / p.filename).read_bytes() for p in parts)
+    assert [p.filename for p in parts] == [f"bundle.part{i:03d}" for i in range(len(parts))]
+    assert hashlib.sha256(joined).hexdigest() == packed.manifest.archive_sha256
+    assert len(joined) == packed.manifest.archive_size
+
+
+def test_manifest_on_disk(packed: Packed) -> None:
+    """manifest.json carries the spec, wheels, parts and archive, and reads back unchanged."""
+    data = json.loads((packed.out / "manifest.json").read_text())
+    assert data["format"] == gpu_bundle.FORMAT
+    assert (data["vllm_version"], data["python_version"], data["platform"]) == (
+        "0.26.0",
+        "3.12",
+        "manylinux_2_31_x86_64",
+    )
+    assert {w["name"] for w in data["wheels"]} == {"pkg0", "pkg1", "pkg2"}
+    assert set(data["wheels"][0]) == {"filename", "name", "version", "sha256", "size", "role"}
+    assert set(data["parts"][0]) == {"filename", "size", "sha256"}
+    assert gpu_bundle.read_manifest(packed.out) == packed.manifest
+
+
+def test_archive_is_reproducible(packed: Packed, tmp_path: Path) -> None:
+    """Packing the same wheels again gives the same archive and parts, and removes stale parts."""
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "bundle.part099").write_bytes(b"stale")
+    again = gpu_bundle.pack_bundle(
+        packed.manifest.wheels, packed.wheels_dir, tmp_path / "again", SPEC, part_bytes=PART_BYTES
+    )
+    assert again.archive_sha256 == packed.manifest.archive_sha256
+    assert again.parts == packed.manifest.parts
+    assert not (tmp_path / "again" / "bundle.part099").exists()
+
+
+def _flip_byte(out: Path) -> None:
+    path = out / "bundle.part001"
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _edit_manifest(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    def edit(out: Path) -> None:
+        data = json.loads((out / "manifest.json").read_text())
+        change(data)
+        (out / "manifest.json").write_text(json.dumps(data))
+
+    return edit
+
+
+DAMAGE = [
+    pytest.param(_flip_byte, ["bundle.part001 has sha256", "expected"], id="corrupt-part"),
+    pytest.param(
+        lambda out: (out / "bundle.part002").unlink(), ["bundle.part002 is missing"], id="missing"
+    ),
+    pytest.param(
+        lambda out: (out / "bundle.part000").write_bytes(b"short"),
+        ["bundle.part000 has 5 bytes", f"expected {PART_BYTES} bytes"],
+        id="truncated",
+    ),
+    pytest.param(
+        _edit_manifest(lambda d: d.update(archive_sha256="0" * 64)),
+        ["manifest says archive sha256 " + "0" * 64, "does not belong"],
+        id="archive-hash",
+    ),
+    pytest.param(
+        _edit_manifest(lambda d: d.update(format="other/1")),
+        ["format 'other/1' is not 'afd-gpu-bundle/1'"],
+        id="format",
+    ),
+    pytest.param(
+        lambda out: (out / "manifest.json").unlink(), ["no manifest.json in"], id="no-manifest"
+    ),
+    pytest.param(
+        _edit_manifest(lambda d: d["parts"][0].update(filename="../escape")),
+        ["parts[0]: 'filename' is '../escape'"],
+        id="part-name-leaves-dir",
+    ),
+    pytest.param(
+        _edit_manifest(lambda d: d.pop("wheels")), ["key 'wheels' is missing"], id="missing-key"
+    ),
+    pytest.param(
+        _edit_manifest(lambda d: d["wheels"].pop(0)),
+        ["not listed ['pkg0-1.0-py3-none-any.whl']"],
+        id="unlisted-wheel",
+    ),
+]
+
+
+@pytest.mark.parametrize(("damage", "messages"), DAMAGE)
+def test_damage_is_named(
+    packed: Packed, tmp_path: Path, damage: Callable[[Path], None], messages: list[str]
+) -> None:
+    """A missing or corrupt part, a wrong archive hash or a bad manifest is an error that says which, and nothing is extracted."""
+    damage(packed.out)
+    into = tmp_path / "into"
+    with pytest.raises(BundleError) as caught:
+        gpu_bundle.assemble(packed.out, into)
+    for message in messages:
+        assert message in str(caught.value)
+    assert not into.exists() or not any(into.iterdir())
+
+
+def test_every_bad_part_is_named(packed: Packed, tmp_path: Path) -> None:
+    """Several damaged parts are reported together, each with the sha256 it should have."""
+    _flip_byte(packed.out)
+    (packed.out / "bundle.part003").write_bytes(b"x" * PART_BYTES)
+    with pytest.raises(BundleError) as caught:
+        gpu_bundle.assemble(packed.out, tmp_path / "into")
+    for part in (packed.manifest.parts[1], packed.manifest.parts[3]):
+        assert f"{part.filename} has sha256" in str(caught.value)
+        assert f"expected {part.sha256}" in str(caught.value)
+
+
+@pytest.mark.parametrize("part_bytes", [0, -1, 60 * gpu_bundle.MIB + 1])
+def test_split_refuses_bad_sizes(tmp_path: Path, part_bytes: int) -> None:
+    """split_parts takes 1 byte to 60 MiB per part, nothing else."""
+    archive = tmp_path / "archive.tar"
+    archive.write_bytes(b"x" * 100)
+    with pytest.raises(BundleError, match=f"part_bytes={part_bytes} is outside the allowed range"):
+        gpu_bundle.split_parts(archive, tmp_path, part_bytes)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _wheel(name: str, version: str) -> ResolvedWheel:
+    return ResolvedWheel(name, version, f"{name}-{version}.whl", f"https://x/{name}", "a" * 64)
+
+
+def _closure(*pins: str) -> dict[str, ResolvedWheel]:
+    return {n: _wheel(n, v) for n, v in (pin.split("==") for pin in pins)}
+
+
+def test_plan_leaves_torch_closure_to_the_host() -> None:
+    """torch's closure stays out by name; another version of one of its members is an alternate."""
+    vllm = _closure(
+        "vllm==0.26.0", "torch==2.11.0", "numpy==2.3.5", "setuptools==80.9.0", "sympy==1.14"
+    )
+    torch = _closure("torch==2.11.0", "setuptools==81.0.0", "sympy==1.14", "triton==3.6.0")
+    plan = gpu_bundle.plan_bundle(vllm, torch, SPEC)
+    assert [(w.name, w.version, w.role) for w in plan.wheels] == [
+        ("numpy", "2.3.5", WheelRole.REQUIRED),
+        ("setuptools", "80.9.0", WheelRole.ALTERNATE),
+        ("vllm", "0.26.0", WheelRole.REQUIRED),
+    ]
+    assert plan.host_provided == (
+        HostDist("setuptools", "81.0.0"),
+        HostDist("sympy", "1.14"),
+        HostDist("torch", "2.11.0"),
+        HostDist("triton", "3.6.0"),
+    )
+
+
+def test_plan_refuses_another_torch() -> None:
+    """A vLLM resolution with a torch other than the host's is refused, not bundled."""
+    with pytest.raises(
+        BundleError, match=r"resolved torch 2\.10\.0, but the GPU host has torch 2\.11\.0"
+    ):
+        gpu_bundle.plan_bundle(
+            _closure("vllm==0.26.0", "torch==2.10.0"), _closure("torch==2.11.0"), SPEC
+        )
+
+
+ENVIRONMENT = {"python_version": "3.12", "platform_machine": "x86_64", "sys_platform": "linux"}
+
+
+def _report(environment: dict[str, str], archive_info: dict[str, Any]) -> dict[str, Any]:
+    url = "https://files.example/p/jinja2-3.1.6-py3-none-any.whl"
+    item = {
+        "metadata": {"name": "Jinja2", "version": "3.1.6"},
+        "download_info": {"url": url, "archive_info": archive_info},
+    }
+    return {"environment": environment, "install": [item]}
+
+
+def test_report_is_read_by_canonical_name() -> None:
+    """A pip report maps canonical names to version, file name, URL and sha256."""
+    report = _report(ENVIRONMENT, {"hashes": {"sha256": "b" * 64}})
+    assert gpu_bundle.read_report(report, SPEC, "vllm") == {
+        "jinja2": ResolvedWheel(
+            "jinja2",
+            "3.1.6",
+            "jinja2-3.1.6-py3-none-any.whl",
+            "https://files.example/p/jinja2-3.1.6-py3-none-any.whl",
+            "b" * 64,
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    ("environment", "archive_info", "message"),
+    [
+        (
+            {**ENVIRONMENT, "python_version": "3.11"},
+            {"hashes": {"sha256": "b" * 64}},
+            "'python_version': '3.11'",
+        ),
+        (
+            {**ENVIRONMENT, "platform_machine": "aarch64"},
+            {"hashes": {"sha256": "b" * 64}},
+            "'platform_machine': 'aarch64'",
+        ),
+        (ENVIRONMENT, {}, "no sha256 for jinja2"),
+    ],
+)
+def test_report_is_refused(
+    environment: dict[str, str], archive_info: dict[str, Any], message: str
+) -> None:
+    """Markers evaluated for another Python or machine, or a wheel without a hash, stop the build."""
+    with pytest.raises(BundleError, match=message):
+        gpu_bundle.read_report(_report(environment, archive_info), SPEC, "vllm")
+
+
+def test_compatible_platforms() -> None:
+    """A manylinux tag brings every older tag of its architecture, newest first, and no newer one."""
+    tags = gpu_bundle.compatible_platforms("manylinux_2_31_x86_64")
+    assert tags[:2] == ["manylinux_2_31_x86_64", "manylinux_2_30_x86_64"]
+    assert {"manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_32_x86_64" not in tags and len(tags) == (31 - 5 + 1) + 3
+    legacy = gpu_bundle.compatible_platforms("manylinux2014_aarch64")
+    assert legacy[0] == "manylinux_2_17_aarch64" and "manylinux_2_18_aarch64" not in legacy
+
+
+@pytest.mark.parametrize("tag", ["macosx_11_0_arm64", "linux_x86_64", "manylinux_3_1_x86_64"])
+def test_non_manylinux_platform_is_refused(tag: str) -> None:
+    """Only manylinux tags are accepted, and the error names the value and the allowed forms."""
+    with pytest.raises(BundleError, match=f"--platform '{tag}' is not a manylinux tag; allowed"):
+        gpu_bundle.compatible_platforms(tag)
+
+
+# --------------------------------------------------------------------------- host checks
+
+
+def _manifest(spec: BundleSpec = SPEC) -> Manifest:
+    return Manifest(spec, (), (), (), "0" * 64, 0)
+
+
+GOOD_HOST = HostFacts("3.12", "cpython", ("glibc", "2.35"), "x86_64", "2.11.0+cu130")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({}, None),
+        ({"torch_version": "2.11.1"}, None),
+        ({"python_version": "3.11"}, "the bundle is for CPython 3.12, this is cpython 3.11"),
+        ({"implementation": "pypy"}, "this is pypy 3.12"),
+        ({"libc": ("glibc", "2.28")}, "needs glibc >= 2.31, this host has glibc 2.28"),
+        ({"libc": ("", "")}, "this host has no glibc"),
+        (
+            {"machine": "aarch64"},
+            "the bundle is for x86_64 (manylinux_2_31_x86_64), this machine is aarch64",
+        ),
+        ({"torch_version": "2.10.0"}, "the bundle needs torch 2.11.x, this host has 2.10.0"),
+        (
+            {"torch_version": None, "torch_error": "ModuleNotFoundError: No module named 'torch'"},
+            "`import torch` failed (ModuleNotFoundError: No module named 'torch')",
+        ),
+    ],
+)
+def test_host_problems(change: dict[str, Any], message: str | None) -> None:
+    """Each way a host does not fit is reported on its own; a fitting host has no problems."""
+    problems = gpu_bundle.host_problems(_manifest(), dataclasses.replace(GOOD_HOST, **change))
+    if message is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and message in problems[0]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize(
+    ("command", "mentions"),
+    [
+        ([], "install"),
+        (["build"], "--part-mib"),
+        (["assemble"], "--into"),
+        (["install"], "--target"),
+    ],
+)
+def test_help_needs_only_the_standard_library(command: list[str], mentions: str) -> None:
+    """--help of the tool and of each command exits 0 with site-packages switched off (-I -S)."""
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", str(SCRIPT), *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: gpu_bundle.py") and mentions in result.stdout
+
+
+def test_loads_by_path_unregistered() -> None:
+    """The module loads from its path without a sys.modules entry, as tools/gpu_check.py loads it."""
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('gpu_bundle', {str(SCRIPT)!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print('gpu_bundle' in sys.modules, module.Manifest.__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "Manifest"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "0 is outside the allowed range 1..60"),
+        ("61", "61 is outside the allowed range 1..60"),
+        ("-3", "-3 is outside the allowed range 1..60"),
+        ("abc", "'abc' is not a whole number (allowed: 1..60)"),
+    ],
+)
+def test_bad_part_mib_is_refused(tmp_path: Path, value: str, message: str) -> None:
+    """A --part-mib outside 1..60 stops the build before anything runs, naming flag, value and range."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "build",
+            "--out",
+            str(tmp_path / "out"),
+            f"--part-mib={value}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"argument --part-mib: {message}" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", ["1", "60"])
+def test_part_mib_range_is_inclusive(value: str) -> None:
+    """1 and 60 MiB are accepted and become bytes."""
+    args = gpu_bundle.build_parser().parse_args(["build", "--out", "x", "--part-mib", value])
+    assert args.part_bytes == int(value) * gpu_bundle.MIB
+
+
+# --------------------------------------------------------------------------- install, offline
+
+
+def _tiny_wheel(directory: Path, name: str, version: str) -> WheelInfo:
+    """A real (empty) wheel pip can install."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": b"",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    data = wheel.read_bytes()
+    return WheelInfo(
+        wheel.name, name, version, hashlib.sha256(data).hexdigest(), len(data), WheelRole.REQUIRED
+    )
+
+
+def _install(parts: Path, target: Path, fake_torch: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(fake_torch))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "install", "--parts", str(parts), "--target", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+@pytest.fixture
+def host_bundle(tmp_path: Path) -> tuple[Path, Path]:
+    """Parts of a bundle of one tiny ``vllm`` wheel for this interpreter, and a fake torch 2.11."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "torch" / "__init__.py").parent.mkdir()
+    (tmp_path / "torch" / "torch" / "__init__.py").write_text('__version__ = "2.11.0"\n')
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    # a version no environment has, so pip must take it from the bundle
+    spec = BundleSpec(
+        "0.0.1.dev7",
+        "2.11.0",
+        f"{sys.version_info[0]}.{sys.version_info[1]}",
+        f"manylinux_2_17_{platform.machine()}",
+    )
+    info = _tiny_wheel(wheels, "vllm", spec.vllm_version)
+    gpu_bundle.pack_bundle([info], wheels, tmp_path / "parts", spec, part_bytes=4096)
+    return tmp_path / "parts", tmp_path / "torch"
+
+
+def test_install_into_target_offline(host_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    """install --target puts the bundle's vllm there with pip offline; a rerun does nothing."""
+    parts, fake_torch = host_bundle
+    target = tmp_path / "target"
+    first = _install(parts, target, fake_torch)
+    assert first.returncode == 0, first.stderr
+    assert (target / "vllm-0.0.1.dev7.dist-info" / "METADATA").is_file()
+    assert "already holds this bundle" not in first.stderr
+    second = _install(parts, target, fake_torch)
+    assert second.returncode == 0, second.stderr
+    assert "already holds this bundle" in second.stderr
+
+
+def test_install_refuses_another_python(host_bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    """A bundle for another Python is refused before pip runs, with the versions in the message."""
+    parts, fake_torch = host_bundle
+    data = json.loads((parts / "manifest.json").read_text())
+    data["python_version"] = "3.99"
+    (parts / "manifest.json").write_text(json.dumps(data))
+    result = _install(parts, tmp_path / "target", fake_torch)
+    assert result.returncode == 1
+    assert "the bundle is for CPython 3.99" in result.stderr
+    assert not (tmp_path / "target").exists()
