@@ -2,79 +2,95 @@
 ``AFDAttentionGPUModelRunner`` on ``GPUModelRunner``) inside vLLM's engine on a CUDA device, with
 the FFN half in-process behind the loopback connector, against the native model.
 
+The runs are tools/gpu_check.py's (the same checks as a script, for a GPU host without pytest):
+each engine in a fresh interpreter, for every mode the runtime supports (eager, piecewise CUDA
+graphs, FULL_DECODE_ONLY) and both gate placements. Greedy tokens must equal native vLLM's, and
+the worker's counters must fit the mode: a FULL_DECODE_ONLY run that never captured and replayed
+a graph fails, an eager run captures none. DBO is not supported yet; the script lists it and runs
+nothing for it. With two CUDA devices the two-process NCCL pair (FFN engine on the second) runs
+too; with one it is skipped with the reason.
+
 Needs a CUDA device and vLLM 0.26.0's CUDA build (the ``gpu`` extra); skipped elsewhere with the
-reason (tests/conftest.py). Eager, and compiled with piecewise CUDA graphs (the exchange op is a
-splitting op, so it runs between the captured pieces); full CUDA graphs are refused by the worker.
+reason (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from afd_models.testing.tiny_models import write_tiny_model
-from tests.engine import VLLM_ENV, run_python
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import gpu_check
 
-PROMPTS = ["Hello world, the license", "Once upon a time", "The experts of layer"]
-
-
-#: engine arguments per mode, for the native and the AFD engine alike
-MODES = {
-    "eager": "enforce_eager=True",
-    "piecewise-cuda-graphs": "compilation_config={'cudagraph_mode': 'PIECEWISE'}",
-}
-
-
-def _generate(model: Path, env: dict[str, str], afd: dict[str, object] | None, mode: str) -> list:
-    """[worker class/runner class, greedy tokens per prompt] from a fresh interpreter."""
-    afd_args = (
-        f"worker_cls='afd_models.workers.AFDAttentionWorker', additional_config={{'afd': {afd!r}}}"
-        if afd
-        else ""
-    )
-    result = run_python(
-        f"""
-        import json
-        from vllm import LLM, SamplingParams
-        from vllm.platforms import current_platform
-        assert current_platform.is_cuda(), type(current_platform).__name__
-        llm = LLM(model={str(model)!r}, dtype="float32", max_model_len=256, {MODES[mode]},
-                  seed=0, gpu_memory_utilization=0.3, {afd_args})
-        classes = llm.collective_rpc(
-            lambda worker: f"{{type(worker).__name__}}/{{type(worker.model_runner).__name__}}"
-        )[0]
-        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-        outputs = llm.generate({PROMPTS!r}, params, use_tqdm=False)
-        print(json.dumps([classes, [list(o.outputs[0].token_ids) for o in outputs]]))
-        """,
-        env,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
-
-
-@pytest.mark.parametrize("mode", sorted(MODES))
-@pytest.mark.parametrize(
-    "gate_on_attention", [True, False], ids=["gate-on-attention", "gate-on-ffn"]
+MODES = [mode.name for mode in gpu_check.runnable_modes()]
+NCCL_MODES = [mode.name for mode in gpu_check.runnable_modes() if mode.nccl]
+GATES = pytest.mark.parametrize(
+    "gate", list(gpu_check.Gate), ids=[f"gate-on-{gate.value}" for gate in gpu_check.Gate]
 )
-def test_cuda_worker_in_loopback_equals_native(
-    gate_on_attention: bool, mode: str, tmp_path: Path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> gpu_check.Setup:
+    """The probed host and the tiny model, shared by every run of this module."""
+    return gpu_check.prepare(tmp_path_factory.mktemp("gpu-check"), gpu_check.base_env())
+
+
+@pytest.fixture(scope="module")
+def natives() -> dict[str, gpu_check.EngineResult]:
+    """Native results by mode: native vLLM does not depend on the gate placement, so it runs
+    once per mode."""
+    return {}
+
+
+def _native(
+    mode: gpu_check.Mode, setup: gpu_check.Setup, natives: dict[str, gpu_check.EngineResult]
+) -> gpu_check.EngineResult:
+    if mode.name not in natives:
+        natives[mode.name] = gpu_check.run_native(mode, setup)
+    native = natives[mode.name]
+    assert native.ok, native.error
+    return native
+
+
+def _assert_passed(pair: gpu_check.PairResult, mode: gpu_check.Mode) -> None:
+    assert pair.afd.ok, pair.afd.error
+    assert pair.tokens_equal, pair.problems
+    assert pair.afd.counters is not None, pair.afd.counters_error
+    assert gpu_check.counter_problems(mode, pair.afd.counters) == []
+    assert pair.problems == ()
+
+
+@pytest.mark.parametrize("mode_name", MODES)
+@GATES
+def test_loopback_equals_native_and_counters_fit_the_mode(
+    mode_name: str,
+    gate: gpu_check.Gate,
+    setup: gpu_check.Setup,
+    natives: dict[str, gpu_check.EngineResult],
 ) -> None:
-    model = write_tiny_model(tmp_path / "tiny", "v2", seed=0)
-    env = {**os.environ, **VLLM_ENV, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    if mode != "eager":
-        env.pop("TORCHDYNAMO_DISABLE")
-    afd = {
-        "role": "attention",
-        "connector": "LoopbackAFDConnector",
-        "compute_gate_on_attention": gate_on_attention,
-    }
-    native_classes, native = _generate(model, env, None, mode)
-    afd_classes, split = _generate(model, env, afd, mode)
-    assert native_classes == "Worker/GPUModelRunner"
-    assert afd_classes == "AFDAttentionWorker/AFDAttentionGPUModelRunner"
-    assert split == native
+    """Greedy tokens equal native vLLM's in the mode; the graph counters show the mode ran."""
+    mode = gpu_check.mode_named(mode_name)
+    pair = gpu_check.run_pair(mode, gate, setup, _native(mode, setup, natives))
+    _assert_passed(pair, mode)
+
+
+@pytest.mark.parametrize("mode_name", NCCL_MODES)
+@GATES
+def test_nccl_pair_equals_native(
+    mode_name: str,
+    gate: gpu_check.Gate,
+    setup: gpu_check.Setup,
+    natives: dict[str, gpu_check.EngineResult],
+) -> None:
+    """FFN engine on the second device, Attention on the first, over NCCL: native's tokens."""
+    if len(setup.host.device_ids) < 2:
+        pytest.skip(
+            f"the NCCL pair needs two CUDA devices, found {len(setup.host.device_ids)}: NCCL "
+            "cannot put two ranks of one communicator on one GPU"
+        )
+    mode = gpu_check.mode_named(mode_name)
+    pair = gpu_check.run_nccl_pair(mode, gate, setup, _native(mode, setup, natives))
+    assert pair.ffn is not None and pair.ffn.ok, pair.ffn
+    _assert_passed(pair, mode)

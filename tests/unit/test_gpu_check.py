@@ -1,0 +1,734 @@
+"""The GPU check script's pure parts (tools/gpu_check.py): argument validation, the counter rule,
+the verdict of a run, the report and its JSON, exit codes; no vLLM, torch or GPU needed."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import gpu_check
+from gpu_check import (
+    Counters,
+    EngineResult,
+    Gate,
+    HostInfo,
+    ModeStatus,
+    NcclStatus,
+    PairResult,
+    Setup,
+)
+
+SCRIPT = Path(gpu_check.__file__)
+EAGER = gpu_check.mode_named("eager")
+PIECEWISE = gpu_check.mode_named("piecewise")
+FULL = gpu_check.mode_named("full-decode-only")
+TOKENS = tuple(tuple(range(i, i + gpu_check.MAX_TOKENS)) for i in range(len(gpu_check.PROMPTS)))
+ONE_GPU = HostInfo("3.12.3", "2.11.0+cu128", "12.8", "0.26.0", ("NVIDIA H200",), ("0",))
+TWO_GPUS = dataclasses.replace(ONE_GPU, devices=("NVIDIA H200",) * 2, device_ids=("0", "1"))
+
+
+def _native(**changes: Any) -> EngineResult:
+    base = EngineResult(
+        "native",
+        ok=True,
+        classes=gpu_check.NATIVE_CLASSES,
+        tokens=TOKENS,
+        tokens_per_run=96,
+        timed_s=(0.5, 0.4, 0.6),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
+    """An AFD result that passes every check of ``mode``."""
+    graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
+    base = EngineResult(
+        "afd",
+        ok=True,
+        classes=gpu_check.ATTENTION_CLASSES,
+        tokens=TOKENS,
+        tokens_per_run=96,
+        timed_s=(1.0, 0.8, 1.2),
+        counters=Counters(graphs, graphs * 10, 0),
+        connector_stats={"steps": 40, "exchanges": 120, "mean_round_trip_s": 1e-4, "bytes_sent": 9},
+        exchange_latency_s=1.25e-4,
+        budgeted_bytes=2_000_000,
+        in_process_bytes=1_000_000,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _ffn(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
+    graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
+    base = EngineResult(
+        "ffn",
+        ok=True,
+        classes=gpu_check.FFN_CLASSES,
+        counters=Counters(graphs, graphs, 0),
+        ffn_steps=40,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _main(
+    argv: list[str], capsys: pytest.CaptureFixture[str], host: gpu_check.Host | None = None
+) -> tuple[int, str]:
+    code = gpu_check.main(argv, host)
+    return code, capsys.readouterr().err
+
+
+def _unreachable(*args: Any) -> Any:
+    raise AssertionError(f"called with {args}: validation should have stopped the check first")
+
+
+#: a host on which nothing may be reached: argument errors must stop the check before it
+UNREACHABLE = gpu_check.Host(_unreachable, _unreachable, _unreachable, None)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_help_exits_0_via_subprocess() -> None:
+    """``--help`` works as a script and lists the options an operator needs."""
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    for option in ("--bundle", "--only", "--gate", "--json", "full-decode-only"):
+        assert option in result.stdout
+
+
+def test_help_imports_only_the_standard_library(tmp_path: Path) -> None:
+    """Running ``--help`` imports neither torch nor vLLM nor afd_models (``-X importtime`` lists
+    every module the interpreter imports)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(SCRIPT), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+    assert "argparse" in imported  # the listing is real
+    heavy = {name for name in imported if name.split(".")[0] in {"torch", "vllm", "afd_models"}}
+    assert heavy == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--only", "bogus"], ["'bogus'", "allowed: eager, piecewise, full-decode-only"]),
+        (["--only", "dbo"], ["'dbo'", "not supported yet", "allowed: eager, piecewise"]),
+        (["--gate", "both-ways"], ["'both-ways'", "allowed: attention, ffn"]),
+        (["--engine-timeout", "0"], ["--engine-timeout 0.0", "seconds > 0"]),
+    ],
+    ids=["unknown-mode", "dbo", "unknown-gate", "zero-timeout"],
+)
+def test_bad_arguments_exit_2_naming_the_value_and_the_allowed_ones(
+    argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad value exits 2 before anything runs, with the value and what is allowed."""
+    code, err = _main(argv, capsys, UNREACHABLE)
+    assert code == 2
+    for text in expected:
+        assert text in err
+
+
+def test_bundle_without_manifest_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--bundle must name the directory holding the parts and manifest.json."""
+    code, err = _main(["--bundle", str(tmp_path)], capsys, UNREACHABLE)
+    assert code == 2
+    assert "manifest.json" in err
+
+
+def test_no_vllm_and_no_bundle_exits_2_saying_what_to_pass(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without vLLM and without --bundle the script says to pass --bundle."""
+    host = dataclasses.replace(UNREACHABLE, vllm_importable=lambda: False)
+    code, err = _main(["--only", "eager"], capsys, host)
+    assert code == 2
+    assert "vLLM is not importable" in err and "--bundle DIR" in err
+
+
+def test_a_crash_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An exception in the script itself is exit 3 with its traceback, never 0 or 1."""
+
+    def crash(*args: Any) -> Setup:
+        raise RuntimeError("a bug in the check")
+
+    host = gpu_check.Host(lambda: True, _unreachable, crash, None)
+    code, err = _main(["--work-dir", str(tmp_path)], capsys, host)
+    assert code == 3
+    assert "RuntimeError: a bug in the check" in err and "internal error" in err
+
+
+def test_only_and_gate_select_in_table_order() -> None:
+    """--only is repeatable, deduplicated and kept in table order; --gate picks one placement."""
+    args = gpu_check.build_parser().parse_args(
+        ["--only", "full-decode-only", "--only", "eager", "--only", "eager", "--gate", "ffn"]
+    )
+    options = gpu_check.options_from(args)
+    assert [m.name for m in options.modes] == ["eager", "full-decode-only"]
+    assert options.gates == (Gate.FFN,)
+    default = gpu_check.options_from(gpu_check.build_parser().parse_args([]))
+    assert [m.name for m in default.modes] == ["eager", "piecewise", "full-decode-only"]
+    assert default.gates == (Gate.ATTENTION, Gate.FFN)
+
+
+def test_dbo_is_listed_but_never_runnable() -> None:
+    """DBO stays in the table with its reason, outside the runnable modes (one entry to enable)."""
+    dbo = gpu_check.mode_named("dbo")
+    assert dbo.unsupported is not None and "--enable-dbo" in dbo.unsupported
+    assert dbo not in gpu_check.runnable_modes()
+    assert dbo.ubatch_splits is gpu_check.Expect.POSITIVE
+    with pytest.raises(ValueError, match="not supported yet"):
+        gpu_check.run_pair(dbo, Gate.FFN, Setup(Path("/nowhere"), Path("/nowhere"), {}, ONE_GPU))
+
+
+def test_resolve_env_puts_the_bundle_target_and_repo_first(tmp_path: Path) -> None:
+    """With --bundle, the bundle's install target, then the repository, lead PYTHONPATH."""
+    installed: list[tuple[Path, Path]] = []
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "manifest.json").write_text("{}")
+    args = gpu_check.build_parser().parse_args(
+        ["--bundle", str(tmp_path / "parts"), "--target", str(tmp_path / "site")]
+    )
+    env = gpu_check.resolve_env(
+        gpu_check.options_from(args), False, lambda p, t: installed.append((p, t))
+    )
+    assert installed == [(tmp_path / "parts", tmp_path / "site")]
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    assert paths[:2] == [str(tmp_path / "site"), str(gpu_check.REPO_ROOT)]
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
+def test_gpu_bundle_exposes_the_install_the_script_calls() -> None:
+    """tools/gpu_bundle.py has ``install(parts, *, target)`` and ``BundleError``."""
+    bundle = gpu_check.load_gpu_bundle()
+    assert issubclass(bundle.BundleError, Exception)
+    parameters = list(inspect.signature(bundle.install).parameters.values())
+    assert parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD  # the parts directory
+    target = next(p for p in parameters if p.name == "target")
+    assert target.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "expected"),
+    [
+        (None, 2, ("0", "1")),
+        ("", 1, ("0",)),
+        ("3,5", 2, ("3", "5")),
+        ("GPU-a, GPU-b", 1, ("GPU-a",)),
+    ],
+)
+def test_visible_device_ids(value: str | None, count: int, expected: tuple[str, ...]) -> None:
+    """Engines are pinned by the entries of the operator's CUDA_VISIBLE_DEVICES, not by index."""
+    assert gpu_check.visible_device_ids(value, count) == expected
+
+
+# --------------------------------------------------------------------------- the counter rule
+
+
+@pytest.mark.parametrize(
+    ("mode", "counters", "expected"),
+    [
+        (FULL, Counters(3, 12, 0), []),
+        (FULL, Counters(3, 0, 0), ["graph_replays=0"]),
+        (FULL, Counters(0, 0, 0), ["graph_captures=0", "graph_replays=0"]),
+        (EAGER, Counters(0, 0, 0), []),
+        (EAGER, Counters(1, 0, 0), ["graph_captures=1"]),
+        (EAGER, Counters(0, 2, 0), ["graph_replays=2"]),
+        (EAGER, Counters(0, 0, 2), ["ubatch_splits=2"]),
+        # piecewise: the exchange runs between pieces; graph counters are reported only
+        (PIECEWISE, Counters(0, 0, 0), []),
+        (PIECEWISE, Counters(5, 50, 0), []),
+        (gpu_check.mode_named("dbo"), Counters(1, 1, 0), ["ubatch_splits=0"]),
+    ],
+)
+def test_counter_rule(mode: gpu_check.Mode, counters: Counters, expected: list[str]) -> None:
+    """A graph mode with zero captures or replays fails, as does eager with any graph or split."""
+    problems = gpu_check.counter_problems(mode, counters)
+    assert len(problems) == len(expected), problems
+    for problem, text in zip(problems, expected, strict=True):
+        assert text in problem and mode.name in problem
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"graph_captures": 1, "graph_replays": 2},
+        {"graph_captures": 1, "graph_replays": "2", "ubatch_splits": 0},
+        {"graph_captures": True, "graph_replays": 2, "ubatch_splits": 0},
+        [1, 2, 0],
+    ],
+)
+def test_counters_must_be_three_integers(data: Any) -> None:
+    """afd_counters that lack a key or hold a non-integer are refused, naming what is wrong."""
+    with pytest.raises(ValueError, match="afd_counters"):
+        Counters.from_dict(data)
+
+
+def test_counters_read_from_a_child() -> None:
+    """A child's counters parse; malformed ones become the reason the counters are missing."""
+    good = EngineResult.from_child(
+        "afd", {"counters": {"graph_captures": 1, "graph_replays": 2, "ubatch_splits": 0}}
+    )
+    assert good.counters == Counters(1, 2, 0)
+    bad = EngineResult.from_child("afd", {"counters": {"graph_captures": 1}})
+    assert bad.counters is None and "graph_replays" in bad.counters_error
+
+
+# --------------------------------------------------------------------------- verdict of a run
+
+
+def test_a_good_run_passes() -> None:
+    """Equal tokens, counters fitting the mode, an exchange and the weight budget: passed."""
+    for mode in (EAGER, PIECEWISE, FULL):
+        pair = gpu_check.evaluate_pair(
+            mode, Gate.ATTENTION, gpu_check.LOOPBACK, _afd(mode), _native()
+        )
+        assert pair.problems == () and pair.passed and pair.tokens_equal
+        assert pair.ratio == pytest.approx((96 / 1.0) / (96 / 0.5))
+
+
+@pytest.mark.parametrize(
+    ("mode", "afd", "native", "expected"),
+    [
+        (EAGER, _afd(tokens=((9,) * 32, *TOKENS[1:])), _native(), "prompt 0 differs from token 0"),
+        (EAGER, _afd(tokens=TOKENS[:2]), _native(), "2 outputs vs 3"),
+        (EAGER, _afd(ok=False, error="exited with 1"), _native(), "the AFD engine failed"),
+        (EAGER, _afd(), _native(ok=False, error="timed out"), "the native engine failed"),
+        (
+            EAGER,
+            _afd(counters=None, counters_error="NotImplementedError"),
+            _native(),
+            "afd_counters",
+        ),
+        (FULL, _afd(FULL, counters=Counters(2, 0, 0)), _native(), "graph_replays=0"),
+        (EAGER, _afd(counters=Counters(1, 1, 0)), _native(), "graph_captures=1"),
+        (EAGER, _afd(connector_stats={"steps": 0, "exchanges": 0}), _native(), "exchanged nothing"),
+        (EAGER, _afd(budgeted_bytes=10), _native(), "budgets 10 bytes"),
+        (EAGER, _afd(in_process_bytes=None), _native(), "weight budget could not be read"),
+        (EAGER, _afd(in_process_bytes=0), _native(), "in-process FFN half's 0"),
+        (EAGER, _afd(classes="Worker/GPUModelRunner"), _native(), "expected AFDAttentionWorker"),
+        (EAGER, _afd(tokens=tuple(t[:5] for t in TOKENS)), _native(), "do not hold 32 tokens"),
+    ],
+    ids=[
+        "tokens-differ",
+        "fewer-outputs",
+        "afd-crashed",
+        "native-crashed",
+        "counters-unreadable",
+        "full-graph-never-replayed",
+        "eager-captured",
+        "no-exchange",
+        "weights-not-budgeted",
+        "weights-unreadable",
+        "no-in-process-weights",
+        "native-worker-used",
+        "short-output",
+    ],
+)
+def test_a_broken_run_fails_with_the_reason(
+    mode: gpu_check.Mode, afd: EngineResult, native: EngineResult, expected: str
+) -> None:
+    """Each broken check alone makes the run fail, and the problem says which."""
+    pair = gpu_check.evaluate_pair(mode, Gate.FFN, gpu_check.LOOPBACK, afd, native)
+    assert not pair.passed
+    assert any(expected in problem for problem in pair.problems), pair.problems
+
+
+def test_graph_mode_with_equal_tokens_but_no_replay_fails() -> None:
+    """Equal tokens do not make a FULL_DECODE_ONLY run pass when no graph was replayed."""
+    afd = _afd(FULL, counters=Counters(0, 0, 0))
+    pair = gpu_check.evaluate_pair(FULL, Gate.ATTENTION, gpu_check.LOOPBACK, afd, _native())
+    assert pair.tokens_equal and not pair.passed
+
+
+def test_nccl_pair_checks_the_ffn_engine() -> None:
+    """The NCCL pair needs a live FFN engine of the right class that recorded steps and whose
+    counters fit the mode; the loopback weight budget does not apply."""
+    afd = _afd(budgeted_bytes=None, in_process_bytes=None)
+    good = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.NCCL, afd, _native(), _ffn())
+    assert good.passed, good.problems
+    cases = {
+        "the FFN engine failed": _ffn(ok=False, error="exited with 70"),
+        "expected AFDFFNWorker": _ffn(classes="AFDAttentionWorker/x"),
+        "recorded 0 steps": _ffn(ffn_steps=0),
+        "FFN graph_captures=2": _ffn(counters=Counters(2, 0, 0)),
+        "FFN afd_counters": _ffn(counters=None),
+    }
+    for expected, ffn in cases.items():
+        pair = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.NCCL, afd, _native(), ffn)
+        assert any(expected in p for p in pair.problems), (expected, pair.problems)
+
+
+def test_tokens_per_s_is_the_median_of_the_timed_runs() -> None:
+    result = _native(tokens_per_run=96, timed_s=(1.0, 3.0, 2.0))
+    assert result.tokens_per_s == pytest.approx(48.0)
+    assert _native(timed_s=()).tokens_per_s is None
+
+
+def test_exchange_latency_covers_only_the_timed_runs() -> None:
+    """The mean round trip between two stats readings, not since start-up."""
+    before = {"exchanges": 10, "mean_round_trip_s": 1.0}
+    after = {"exchanges": 30, "mean_round_trip_s": 2.0}
+    assert gpu_check._exchange_latency(before, after) == pytest.approx(2.5)
+    assert gpu_check._exchange_latency(after, after) is None
+
+
+# --------------------------------------------------------------------------- check, report, JSON
+
+
+class FakeRunner:
+    """Stands in for the engine processes; records what the check asked for."""
+
+    def __init__(self, failing: tuple[str, Gate] | None = None):
+        self.failing = failing
+        self.natives: list[str] = []
+        self.pairs: list[tuple[str, Gate, EngineResult]] = []
+        self.nccl: list[tuple[str, Gate, EngineResult]] = []
+
+    def run_native(self, mode: gpu_check.Mode, setup: Setup) -> EngineResult:
+        self.natives.append(mode.name)
+        return _native(name=f"native-{mode.name}")
+
+    def run_pair(
+        self, mode: gpu_check.Mode, gate: Gate, setup: Setup, native: EngineResult
+    ) -> PairResult:
+        self.pairs.append((mode.name, gate, native))
+        afd = _afd(mode)
+        if (mode.name, gate) == self.failing:
+            afd = dataclasses.replace(afd, counters=Counters(0, 0, 0))
+        return gpu_check.evaluate_pair(mode, gate, gpu_check.LOOPBACK, afd, native)
+
+    def run_nccl_pair(
+        self, mode: gpu_check.Mode, gate: Gate, setup: Setup, native: EngineResult
+    ) -> PairResult:
+        self.nccl.append((mode.name, gate, native))
+        afd = _afd(mode, budgeted_bytes=None, in_process_bytes=None)
+        return gpu_check.evaluate_pair(mode, gate, gpu_check.NCCL, afd, native, _ffn(mode))
+
+
+def _check(
+    host: HostInfo, runner: FakeRunner, argv: tuple[str, ...] = (), tmp: Path = Path("/work")
+) -> gpu_check.Report:
+    options = gpu_check.options_from(gpu_check.build_parser().parse_args(list(argv)))
+    return gpu_check.check(options, Setup(tmp, tmp / "model", {}, host), runner)
+
+
+def test_one_gpu_runs_every_mode_and_gate_once_each_and_skips_nccl() -> None:
+    """Native runs once per mode and serves both gates; DBO is not run; NCCL is a labelled skip."""
+    runner = FakeRunner()
+    report = _check(ONE_GPU, runner)
+    assert runner.natives == ["eager", "piecewise", "full-decode-only"]
+    assert [(m, g) for m, g, _ in runner.pairs] == [
+        (m, g) for m in runner.natives for g in (Gate.ATTENTION, Gate.FFN)
+    ]
+    assert all(native.name == f"native-{m}" for m, _, native in runner.pairs)
+    assert runner.nccl == []
+    statuses = {entry.mode.name: entry.status for entry in report.modes}
+    assert statuses["dbo"] is ModeStatus.NOT_SUPPORTED
+    assert report.nccl.status is NcclStatus.SKIPPED and "two CUDA devices" in report.nccl.reason
+    assert report.exit_code() == 0
+    assert "0 failed" in report.summary() and "skipped: NCCL pair" in report.summary()
+
+
+def test_two_gpus_run_the_nccl_pair_against_the_same_native() -> None:
+    """With two devices the NCCL pair runs in its modes, compared with the mode's native run."""
+    runner = FakeRunner()
+    report = _check(TWO_GPUS, runner, ("--gate", "attention"))
+    assert [(m, g) for m, g, _ in runner.nccl] == [
+        ("eager", Gate.ATTENTION),
+        ("full-decode-only", Gate.ATTENTION),
+    ]
+    assert all(native.name == f"native-{m}" for m, _, native in runner.nccl)
+    assert report.nccl.status is NcclStatus.RAN and report.exit_code() == 0
+    assert len(report.runs()) == 3 + 2
+
+
+def test_skip_nccl_and_unselected_modes_are_reported_as_such() -> None:
+    runner = FakeRunner()
+    report = _check(TWO_GPUS, runner, ("--only", "piecewise", "--skip-nccl"))
+    assert runner.natives == ["piecewise"] and runner.nccl == []
+    statuses = {entry.mode.name: entry.status for entry in report.modes}
+    assert statuses == {
+        "eager": ModeStatus.NOT_SELECTED,
+        "piecewise": ModeStatus.RAN,
+        "full-decode-only": ModeStatus.NOT_SELECTED,
+        "dbo": ModeStatus.NOT_SUPPORTED,
+    }
+    assert report.nccl.reason == "--skip-nccl"
+
+
+def test_one_failed_run_makes_exit_1_and_is_shown() -> None:
+    """A failed check anywhere is exit 1; the table marks it and prints the problem."""
+    report = _check(ONE_GPU, FakeRunner(failing=("full-decode-only", Gate.FFN)))
+    assert report.exit_code() == 1
+    assert "5 passed; 1 failed" in report.summary()
+    text = gpu_check.render(report)
+    assert "FAIL" in text and "ffn: graph_replays=0 in mode full-decode-only" in text
+
+
+def test_report_text() -> None:
+    """One table per mode with every column; DBO and the NCCL skip are labelled, not scored."""
+    text = gpu_check.render(_check(ONE_GPU, FakeRunner()))
+    for column in gpu_check.COLUMNS:
+        assert column in text
+    assert "== dbo: not supported yet: the AFD workers refuse --enable-dbo" in text
+    assert "NCCL pair (two processes): SKIPPED: needs two CUDA devices, found 1" in text
+    full = text[text.index("== full-decode-only") : text.index("== dbo")]
+    eager = text[text.index("== eager") : text.index("== piecewise")]
+    assert full.count(gpu_check.EXCHANGE_IN_GRAPH) == 2
+    assert eager.count("125.0 us") == 2 and gpu_check.EXCHANGE_IN_GRAPH not in eager
+    assert "NVIDIA H200" in text and "vLLM 0.26.0" in text
+
+
+def test_report_shows_the_runner_cost_or_why_it_is_missing() -> None:
+    native = _native()
+    measured = _afd(runner_cost={"seconds": 0.0125, "allocated_bytes": 3 * 2**20})
+    failed = _afd(runner_cost={"error": "RuntimeError: boom"})
+    lines = gpu_check._table(
+        EAGER,
+        [
+            gpu_check.evaluate_pair(EAGER, Gate.ATTENTION, gpu_check.LOOPBACK, measured, native),
+            gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.LOOPBACK, failed, native),
+        ],
+    )
+    assert lines[-2:] == [
+        "    attention: vLLM's runner, which the AFD worker builds and replaces: 12.5 ms, "
+        "3.0 MiB allocated on the device",
+        "    ffn: vLLM's runner, which the AFD worker builds and replaces: not measured "
+        "(RuntimeError: boom)",
+    ]
+
+
+def test_json_report_shape(tmp_path: Path) -> None:
+    """The JSON has the date, versions, device, a result per run and no result for DBO."""
+    report = _check(ONE_GPU, FakeRunner(failing=("full-decode-only", Gate.ATTENTION)), tmp=tmp_path)
+    path = tmp_path / "out" / "report.json"
+    gpu_check.write_json(report, path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "afd-gpu-check/1"
+    assert data["date"].endswith("+00:00")
+    assert data["versions"] == {
+        "python": "3.12.3",
+        "torch": "2.11.0+cu128",
+        "cuda": "12.8",
+        "vllm": "0.26.0",
+    }
+    assert data["device"] == {"name": "NVIDIA H200", "count": 1, "all": ["NVIDIA H200"]}
+    modes = {entry["mode"]: entry for entry in data["modes"]}
+    assert set(modes["dbo"]) == {"mode", "status", "reason"}
+    assert modes["dbo"]["status"] == "not supported yet"
+    runs = modes["eager"]["runs"]
+    assert [run["gate"] for run in runs] == ["attention", "ffn"]
+    assert [run["passed"] for run in runs] == [True, True]
+    failed = modes["full-decode-only"]["runs"][0]
+    assert failed["passed"] is False and "graph_captures=0" in failed["problems"][0]
+    for key in ("tokens_equal", "afd_tokens_per_s", "native_tokens_per_s", "ratio", "counters"):
+        assert key in runs[1]
+    assert runs[1]["counters"] == {"graph_captures": 0, "graph_replays": 0, "ubatch_splits": 0}
+    assert runs[1]["ratio"] == pytest.approx(0.5)
+    assert modes["eager"]["engine_args"]["enforce_eager"] is True
+    assert data["nccl"]["status"] == "skipped" and data["nccl"]["runs"] == []
+    assert (data["passed"], data["failed"], data["exit_code"]) == (5, 1, 1)
+
+
+# --------------------------------------------------------------------------- processes, with fakes
+
+FAKE_TORCH = """
+import os
+
+__version__ = "2.11.0+cu128"
+
+
+class version:
+    cuda = "12.8"
+
+
+class cuda:
+    @staticmethod
+    def is_available():
+        return int(os.environ["FAKE_GPUS"]) > 0
+
+    @staticmethod
+    def device_count():
+        return int(os.environ["FAKE_GPUS"])
+
+    @staticmethod
+    def get_device_name(index):
+        return f"Fake GPU {index}"
+"""
+FAKE_VLLM = """
+import os
+import subprocess
+import time
+
+behaviour = os.environ.get("FAKE_VLLM", "")
+if behaviour == "hang":
+    child = subprocess.Popen(["sleep", "600"])
+    with open(os.environ["FAKE_VLLM_PID"], "w") as out:
+        out.write(str(child.pid))
+    time.sleep(600)
+if behaviour == "raise":
+    raise RuntimeError("fake vLLM refuses to start")
+__version__ = os.environ.get("FAKE_VLLM_VERSION", "0.26.0")
+"""
+
+
+@pytest.fixture
+def fake_env(tmp_path: Path) -> dict[str, str]:
+    """The engines' environment with fake ``torch`` and ``vllm`` packages first on PYTHONPATH."""
+    fakes = tmp_path / "fakes"
+    for name, source in (("torch", FAKE_TORCH), ("vllm", FAKE_VLLM)):
+        (fakes / name).mkdir(parents=True)
+        (fakes / name / "__init__.py").write_text(source)
+    env = gpu_check.base_env([fakes])
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return {**env, "FAKE_GPUS": "1"}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # killed, but not reaped yet by whoever inherited it
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
+    """Devices are named by torch and pinned by the operator's CUDA_VISIBLE_DEVICES entries."""
+    env = {**fake_env, "FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": "4,6"}
+    host = gpu_check.probe(env, tmp_path)
+    assert host.devices == ("Fake GPU 0", "Fake GPU 1")
+    assert host.device_ids == ("4", "6")
+    assert (host.torch, host.cuda, host.vllm) == ("2.11.0+cu128", "12.8", "0.26.0")
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"FAKE_GPUS": "0"}, "sees no CUDA device"),
+        ({"FAKE_VLLM": "raise"}, "`import vllm` fails in the engines' environment"),
+        ({"FAKE_VLLM_VERSION": "0.27.0"}, "vLLM 0.27.0 found, this checks vLLM 0.26.0"),
+    ],
+    ids=["no-gpu", "no-vllm", "other-vllm"],
+)
+def test_probe_refuses_a_host_that_cannot_run_the_check(
+    fake_env: dict[str, str], tmp_path: Path, changes: dict[str, str], expected: str
+) -> None:
+    """No CUDA device, no importable vLLM, another vLLM: a usage error (exit 2) saying which."""
+    with pytest.raises(gpu_check.UsageError) as caught:
+        gpu_check.probe({**fake_env, **changes}, tmp_path)
+    assert expected in str(caught.value)
+
+
+def _setup(tmp_path: Path, env: dict[str, str], timeout_s: float) -> Setup:
+    return Setup(tmp_path, tmp_path / "model", env, ONE_GPU, engine_timeout_s=timeout_s)
+
+
+def test_an_engine_that_fails_is_a_failed_result_with_its_log(
+    fake_env: dict[str, str], tmp_path: Path
+) -> None:
+    """An engine process that raises gives ok=False, its exit status and the end of its log."""
+    setup = _setup(tmp_path, {**fake_env, "FAKE_VLLM": "raise"}, 60)
+    result = gpu_check.run_native(EAGER, setup)
+    assert not result.ok
+    assert "exited with 1" in result.error
+    assert "RuntimeError: fake vLLM refuses to start" in result.error
+    pair = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.LOOPBACK, _afd(), result)
+    assert not pair.passed and "the native engine failed" in pair.problems[0]
+
+
+def test_an_engine_past_its_timeout_is_killed_with_what_it_started(
+    fake_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A hanging engine is a timed-out failure; its process group (a child it started) is gone."""
+    pid_file = tmp_path / "grandchild.pid"
+    env = {**fake_env, "FAKE_VLLM": "hang", "FAKE_VLLM_PID": str(pid_file)}
+    result = gpu_check.run_native(EAGER, _setup(tmp_path, env, 3))
+    assert not result.ok and "timed out after" in result.error
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_engine_spec_is_what_the_engine_process_reads(tmp_path: Path) -> None:
+    """The AFD run's spec carries the mode's, the common and the AFD engine arguments."""
+    engine = gpu_check._Engine(
+        gpu_check.EngineSpec(
+            "afd-x",
+            "/m",
+            gpu_check._llm_args(FULL, gpu_check.ATTENTION_WORKER, {"role": "attention"}),
+        ),
+        tmp_path,
+    )
+    data = json.loads(engine.spec_path.read_text())
+    assert data["result_path"] == str(tmp_path / "afd-x.result.json")
+    assert data["llm_args"] == {
+        **gpu_check.COMMON_ENGINE_ARGS,
+        "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+        "worker_cls": "afd_models.workers.AFDAttentionWorker",
+        "additional_config": {"afd": {"role": "attention"}},
+    }
+
+
+def test_run_env_pins_the_device_and_dynamo_by_mode(tmp_path: Path) -> None:
+    """Each engine sees one device; eager turns Dynamo off, compiled modes turn it back on."""
+    setup = _setup(tmp_path, {"TORCHDYNAMO_DISABLE": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, 1)
+    eager, full = gpu_check.run_env(setup, EAGER, "3"), gpu_check.run_env(setup, FULL, "2")
+    assert (eager["CUDA_VISIBLE_DEVICES"], full["CUDA_VISIBLE_DEVICES"]) == ("3", "2")
+    assert eager["TORCHDYNAMO_DISABLE"] == "1" and "TORCHDYNAMO_DISABLE" not in full
+    assert eager["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache")
+
+
+def test_worker_classes_look_through_vllms_worker_wrapper() -> None:
+    """collective_rpc hands a callable vLLM's WorkerWrapperBase; the classes are the worker's."""
+
+    class Runner:
+        pass
+
+    class Worker:
+        model_runner = Runner()
+
+    class WorkerWrapperBase:
+        worker = Worker()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.worker, name)
+
+    assert gpu_check._worker_classes(WorkerWrapperBase()) == "Worker/Runner"
+
+
+@pytest.mark.parametrize(("failing", "exit_code"), [(None, 0), (("full-decode-only", Gate.FFN), 1)])
+def test_main_prints_and_writes_the_report_and_exits_with_its_verdict(
+    failing: tuple[str, Gate] | None,
+    exit_code: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Through ``main``: the table on stdout, the JSON at --json, exit 0 only when all passed."""
+
+    def prepare(work_dir: Path, env: Any, timeout_s: float) -> Setup:
+        return Setup(work_dir, work_dir / "model", env, ONE_GPU, timeout_s)
+
+    host = gpu_check.Host(lambda: True, _unreachable, prepare, FakeRunner(failing))
+    path = tmp_path / "report.json"
+    code = gpu_check.main(["--json", str(path), "--work-dir", str(tmp_path)], host)
+    out = capsys.readouterr().out
+    assert code == exit_code
+    assert f"exit {exit_code}" in out.splitlines()[-1] and "== full-decode-only" in out
+    assert json.loads(path.read_text())["exit_code"] == exit_code
