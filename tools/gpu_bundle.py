@@ -46,10 +46,20 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# codegen.fetch is standard library only, like this file; the repository travels with it
+sys.path.insert(0, str(REPO_ROOT))
+
+from codegen.fetch import (  # noqa: E402
+    FetchError,
+    ReleaseFile,
+    cache_root,
+    download,
+    normalize_name,
+    sha256_file,
+)
 
 VLLM_VERSION = "0.26.0"
 #: The torch release on the GPU host; it and its closure stay out of the bundle.
@@ -262,18 +272,6 @@ def _get(
     return value
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _mib(size: int) -> str:
     return f"{size / MIB:.1f} MiB"
 
@@ -380,7 +378,7 @@ def read_report(report: Any, spec: BundleSpec, requirement: str) -> dict[str, Re
         )
     closure: dict[str, ResolvedWheel] = {}
     for item in report.get("install", []):
-        name = canonical(item["metadata"]["name"])
+        name = normalize_name(item["metadata"]["name"])
         info = item["download_info"]
         sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha256:
@@ -397,7 +395,7 @@ def read_report(report: Any, spec: BundleSpec, requirement: str) -> dict[str, Re
 def _pip_resolve(
     python: Path, requirement: str, spec: BundleSpec, scratch: Path
 ) -> dict[str, ResolvedWheel]:
-    report = scratch / f"{canonical(requirement.split('==')[0])}.json"
+    report = scratch / f"{normalize_name(requirement.split('==')[0])}.json"
     command = [
         str(python), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
         "--report", str(report),
@@ -472,15 +470,6 @@ def _cached_plan(path: Path, spec: BundleSpec) -> Plan | None:
 
 
 # --------------------------------------------------------------------------- build: pack
-
-
-def _codegen_fetch() -> ModuleType:
-    """``codegen.fetch`` (standard library only), imported where needed: assemble and install never are."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import codegen.fetch
-
-    return codegen.fetch
 
 
 def write_archive(wheels: Sequence[Path], archive: Path) -> None:
@@ -568,8 +557,7 @@ def build_bundle(
     """
     started = time.monotonic()
     check_spec(spec)
-    fetch = _codegen_fetch()
-    cache = fetch.cache_root() / "gpu-bundle" / spec.key
+    cache = cache_root() / "gpu-bundle" / spec.key
     plan = _cached_plan(cache / "resolution.json", spec)
     if plan is not None:
         log(f"reusing the resolution in {cache}")
@@ -602,14 +590,14 @@ def build_bundle(
     log(f"{len(plan.wheels)} wheels for the bundle, {cached} already in {wheels_dir}")
     infos = []
     for index, wheel in enumerate(plan.wheels, 1):
-        release = fetch.ReleaseFile(
+        release = ReleaseFile(
             wheel.name, wheel.version, wheel.filename, wheel.url, wheel.sha256, "wheel"
         )
         if not (wheels_dir / wheel.filename).exists():
             log(f"  downloading [{index}/{len(plan.wheels)}] {wheel.filename}")
         try:
-            path = fetch.download(release, wheels_dir, quiet=True)
-        except fetch.FetchError as exc:
+            path = download(release, wheels_dir, quiet=True)
+        except FetchError as exc:
             raise BundleError(str(exc)) from exc
         infos.append(
             WheelInfo(
