@@ -29,6 +29,11 @@ tensors may carry the step's first layer on the step channel with its header
 its receive, and the FFN side can post it only after reading the header, so by gloo that layer
 would take three hops instead of one. Bytes round-trip every dtype bit for bit. Every transfer
 waits at most ``timeout_s``; the FFN side waits for the next step up to ``idle_timeout_s``.
+
+A CUDA graph captures a step's transfers, not its header: at each replay the header alone goes
+out first (``graph`` set; :meth:`~afd_models.connectors.base.AFDConnector.announce_graph_step`),
+then the replay runs the transfers. Only a data plane whose transfers a graph can record (NCCL)
+serves graphs.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ _ANSWER = struct.Struct("!cI")
 ACCEPTED = b"A"
 #: the peer is refused; the text says why
 REFUSED = b"R"
-#: every peer is accepted: form the gloo group (no text)
+#: every peer is accepted: form the data plane (no text)
 READY = b"G"
 #: the FFN worker gave up after accepting this peer; the text says why
 GAVE_UP = b"X"
