@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -105,17 +103,6 @@ def serve_step(
             else:
                 rows.append(layer())
     return rows, from_graphs
-
-
-def exit_process(exc: BaseException) -> None:
-    """``on_failure`` for ``vllm serve``: end the worker process so the engine reports the failure.
-
-    vLLM watches its worker processes; a dead FFN worker turns the FFN server's ``/health`` into
-    an error instead of a server that looks healthy but serves nothing.
-    """
-    logger.critical("AFD FFN worker exits: %s", exc)
-    logging.shutdown()
-    os._exit(70)
 
 
 #: steps the FFN server remembers for :meth:`FFNServer.recent_steps`

@@ -138,9 +138,12 @@ class Fingerprint:
     model: str
     #: version of vllm-afd-overlay the sender runs
     version: str
+    #: the sender's connector (its data plane: both sides must run the same one)
+    connector: str
 
-    #: format tag: a peer without it, or with another value, is not a peer of this format
-    FORMAT = "afd-fingerprint/2"
+    #: format tag: a peer without it, or with another value, is not a peer of this format (3:
+    #: the connector named, step headers of 8 values)
+    FORMAT = "afd-fingerprint/3"
     LENGTH = struct.Struct("!I")
     #: the most bytes a fingerprint may announce (a real one is well under 4 KiB)
     MAX_BYTES = 1 << 20
@@ -149,7 +152,7 @@ class Fingerprint:
     def bare(role_rank: int) -> Fingerprint:
         """A fingerprint with no engine behind it (benchmarks and tests that move raw tensors);
         it matches only another bare one."""
-        return Fingerprint(role_rank, 0, 0, 0, False, (), 0, "", "", "")
+        return Fingerprint(role_rank, 0, 0, 0, False, (), 0, "", "", "", "")
 
     def encode(self) -> bytes:
         payload = json.dumps(
@@ -218,6 +221,7 @@ _FIELD_TYPES = {
     "dtype": ("a string", lambda v: isinstance(v, str)),
     "model": ("a string", lambda v: isinstance(v, str)),
     "version": ("a string", lambda v: isinstance(v, str)),
+    "connector": ("a string", lambda v: isinstance(v, str)),
 }
 
 

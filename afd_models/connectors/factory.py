@@ -14,6 +14,7 @@ from vllm.config import VllmConfig
 
 from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
+from afd_models.log import exit_process
 from afd_models.topology import (
     TopologyError,
     check_attention_engine,
@@ -110,6 +111,7 @@ def fingerprint(
         dtype=str(model_config.dtype).removeprefix("torch."),
         model=model_identity(vllm_config),
         version=project_version(),
+        connector=afd.connector,
     )
 
 
@@ -154,7 +156,9 @@ def prepare_attention(
         if afd.connector == "NcclAFDConnector":
             from afd_models.connectors.nccl import NcclAttentionConnector
 
-            return NcclAttentionConnector(afd.host, group, rank, extra, presented, device=device)
+            return NcclAttentionConnector(
+                afd.host, group, rank, extra, presented, device=device, on_peer_gone=exit_process
+            )
         from afd_models.connectors.gloo import GlooAttentionConnector
 
         return GlooAttentionConnector(afd.host, group, rank, extra, presented)

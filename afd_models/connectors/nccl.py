@@ -70,6 +70,7 @@ class NcclDataPlane(DataPlane):
     """Transfers as NCCL groups on the current stream; a wait is bounded by ``timeout_s``."""
 
     name = "nccl"
+    waits_on_device = True
 
     def __init__(
         self,
@@ -98,11 +99,18 @@ class NcclDataPlane(DataPlane):
                     f"{transfer.tensor.device}, but this connector moves tensors on {self.device} "
                     "(its worker's device)"
                 )
+            # NCCL moves numel() elements from data_ptr(): a receive must be whole
+            if not transfer.send and not transfer.tensor.is_contiguous():
+                raise AFDConnectionError(
+                    f"AFD nccl connector at {self.where}: {what}: a receive into a "
+                    "non-contiguous tensor"
+                )
         communicator.group_start()
         try:
             for transfer in transfers:
                 if transfer.send:
-                    communicator.send(transfer.tensor, transfer.peer)
+                    # a copy for a strided view; the stream orders its reuse after the send
+                    communicator.send(transfer.tensor.contiguous(), transfer.peer)
                 else:
                     communicator.recv(transfer.tensor, transfer.peer)
         finally:
@@ -147,9 +155,12 @@ class NcclAttentionConnector(P2PAttentionConnector):
         *,
         device: torch.device,
         make_communicator: MakeCommunicator = pynccl_communicator,
+        on_peer_gone: Callable[[BaseException], None] | None = None,
     ):
         plane = NcclDataPlane(device, extra.timeout_s, make_communicator)
-        super().__init__(host, group, attention_rank, extra, fingerprint, plane=plane)
+        super().__init__(
+            host, group, attention_rank, extra, fingerprint, plane=plane, on_peer_gone=on_peer_gone
+        )
 
 
 class NcclFFNConnector(P2PFFNConnector):

@@ -27,8 +27,11 @@ by order) and gloo (which matches them by tag) pair them alike. A data plane tha
 tensors may carry the step's first layer on the step channel with its header
 (:attr:`DataPlane.first_layer_on_step_channel`): gloo moves data only once the receiver has posted
 its receive, and the FFN side can post it only after reading the header, so by gloo that layer
-would take three hops instead of one. Bytes round-trip every dtype bit for bit. Every transfer
-waits at most ``timeout_s``; the FFN side waits for the next step up to ``idle_timeout_s``.
+would take three hops instead of one. Bytes round-trip every dtype bit for bit. Every host wait
+lasts at most ``timeout_s``; the FFN side waits for the next step up to ``idle_timeout_s``.
+Transfers that wait on the device (NCCL inside a graph replay) are beyond any host timeout, so
+there the Attention side watches its step channel and aborts the data plane when the FFN worker
+leaves (:class:`_PeerWatchdog`).
 
 A CUDA graph captures a step's transfers, not its header: at each replay the header alone goes
 out first (``graph`` set; :meth:`~afd_models.connectors.base.AFDConnector.announce_graph_step`),
@@ -155,6 +158,9 @@ class DataPlane(ABC):
     name = "?"
     #: whether a step's first layer may ride on the step channel with its header (CPU tensors only)
     first_layer_on_step_channel = False
+    #: whether transfers wait on the device, where no host timeout reaches them (a CUDA-graph
+    #: replay): the Attention side then watches its step channel for the FFN worker leaving
+    waits_on_device = False
 
     def __init__(self, device: torch.device, timeout_s: float):
         #: where this plane's tensors live (buffers it receives into are allocated there)
@@ -233,8 +239,13 @@ class _Rendezvous:
         assert self.store is not None, "formed during construction only"
         try:
             self.plane.form(self.store, self.group_rank, self.group.size)
+        except AFDConnectionError:
+            raise
         except (RuntimeError, OSError) as exc:
-            raise self._no_group(exc) from None
+            raise AFDConnectionError(
+                f"{self.prefix}: the {self.plane.name} data plane of group {self.group.ffn_rank} "
+                f"at {self.where} did not form after the handshake: {exc}"
+            ) from None
         self.formed = True
         logger.info(
             "%s: group %d at %s ready in %.1f s",
@@ -288,11 +299,13 @@ class P2PAttentionConnector(AFDConnector):
         fingerprint: Fingerprint | None = None,
         *,
         plane: DataPlane,
+        on_peer_gone: Callable[[BaseException], None] | None = None,
     ):
         super().__init__()
         self._pending: dict[int, tuple[torch.Tensor, Wait]] = {}
         self._header: StepHeader | None = None
         self._steps: socket.socket | None = None
+        self._watchdog: _PeerWatchdog | None = None
         self.fingerprint = fingerprint or Fingerprint.bare(attention_rank)
         self._group = _Rendezvous(
             host, group, group.group_rank_of_attention(attention_rank), extra, "attention", plane
@@ -301,6 +314,8 @@ class P2PAttentionConnector(AFDConnector):
         try:
             self._steps = self._connect_step_channel(extra)
             self._group.form()
+            if plane.waits_on_device:
+                self._watchdog = _PeerWatchdog(self._steps, self._group, on_peer_gone)
         except BaseException:
             self.close()
             raise
@@ -409,9 +424,52 @@ class P2PAttentionConnector(AFDConnector):
         return out
 
     def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._steps is not None:
             self._steps.close()
         self._group.close()
+
+
+class _PeerWatchdog:
+    """Watches an Attention worker's step channel, on which the FFN worker never writes after the
+    handshake: end of stream (or anything else) means it left. Transfers that wait on the device
+    (a CUDA-graph replay) would then wait forever, so the watchdog closes the data plane (an
+    NCCL abort ends them) and calls ``on_peer_gone``."""
+
+    def __init__(
+        self,
+        channel: socket.socket,
+        group: _Rendezvous,
+        on_peer_gone: Callable[[BaseException], None] | None,
+    ):
+        self._channel = channel
+        self._group = group
+        self._on_peer_gone = on_peer_gone
+        self._stop = threading.Event()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._thread = threading.Thread(target=self._watch, name="AFD-peer-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        ready, _, _ = select.select([self._channel, self._wake_reader], [], [])
+        if self._stop.is_set() or self._channel not in ready:
+            return
+        error = AFDConnectionError(
+            f"{self._group.prefix}: the FFN worker at {self._group.where} closed the step channel "
+            f"(it is gone); the {self._group.plane.name} data plane is aborted"
+        )
+        logger.critical("%s", error)
+        self._group.plane.close()
+        if self._on_peer_gone is not None:
+            self._on_peer_gone(error)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake_writer.send(b"\0")
+        self._thread.join(5)
+        self._wake_reader.close()
+        self._wake_writer.close()
 
 
 class P2PFFNConnector(FFNConnector):

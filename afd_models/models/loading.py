@@ -7,10 +7,11 @@ counts every module with a ``process_weights_after_loading`` method as loaded) n
 the role is filled with NaN; afterwards, any NaN left marks rows the checkpoint lacked, and the
 error names the parameter (and the experts) concerned.
 
-Parameters vLLM initialises itself are left alone (:data:`SELF_INITIALISED`): the KV-cache scales
-that every attention layer of a quantized model carries start at vLLM's own "not loaded" value
-(-1.0) and are resolved after loading, since checkpoints (FP8 DeepSeek ones among them) rarely
-hold them.
+Parameters vLLM initialises itself are left alone: those of a module whose quant method is vLLM's
+KV-cache method (``BaseKVCacheMethod`` and its FP8 and compressed-tensors subclasses), the KV-cache
+scales and zero points every attention layer of a quantized model carries. They start at vLLM's
+own "not loaded" values and are resolved after loading, since checkpoints (FP8 DeepSeek ones among
+them) rarely hold them all.
 """
 
 from __future__ import annotations
@@ -19,28 +20,34 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
-from vllm.model_executor.layers.quantization.kv_cache import KVCacheScaleParameter
+from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
 
 from afd_models.log import get_logger
 
 logger = get_logger(__name__)
 
-#: parameter types vLLM gives a sentinel of its own and resolves after loading when the
-#: checkpoint has no value: never marked, never reported
-SELF_INITIALISED: tuple[type, ...] = (KVCacheScaleParameter,)
 
-
-def _checked(parameter: torch.Tensor) -> bool:
-    """Whether the checkpoint must fill ``parameter``."""
-    return parameter.is_floating_point() and not isinstance(parameter, SELF_INITIALISED)
+def _checked(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters the checkpoint must fill: floating point, and not vLLM's own KV-cache
+    method's (it resolves those after loading)."""
+    vllms = {
+        id(parameter)
+        for module in model.modules()
+        if isinstance(getattr(module, "quant_method", None), BaseKVCacheMethod)
+        for parameter in module.parameters(recurse=False)
+    }
+    return [
+        (name, parameter)
+        for name, parameter in model.named_parameters()
+        if parameter.is_floating_point() and id(parameter) not in vllms
+    ]
 
 
 def mark_unloaded(model: nn.Module) -> None:
     """Fill every checked parameter with NaN: whatever the checkpoint does not overwrite stays NaN."""
     with torch.no_grad():
-        for parameter in model.parameters():
-            if _checked(parameter):
-                parameter.fill_(float("nan"))
+        for _, parameter in _checked(model):
+            parameter.fill_(float("nan"))
 
 
 def counting(
@@ -78,9 +85,7 @@ def finish_loading(model: nn.Module, role: str, tensors_read: int, loaded: set[s
         ValueError: the checkpoint lacks tensors this role needs; the message names them.
     """
     own = dict(model.named_parameters())
-    unfilled = [
-        _describe(n, p) for n, p in own.items() if _checked(p) and bool(torch.isnan(p).any())
-    ]
+    unfilled = [_describe(n, p) for n, p in _checked(model) if bool(torch.isnan(p).any())]
     if unfilled:
         shown = ", ".join(unfilled[:8]) + (
             f" and {len(unfilled) - 8} more" if len(unfilled) > 8 else ""

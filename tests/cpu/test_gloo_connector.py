@@ -61,6 +61,7 @@ def _fingerprint(
         dtype="bfloat16",
         model="AFDDeepseekV2ForCausalLM config-sha256:0123456789abcdef",
         version="0.1.0",
+        connector="GlooAFDConnector",
     )
     return dataclasses.replace(engine, **changes)
 
@@ -394,6 +395,12 @@ MISMATCHES = {
         {"tensor_parallel_size": 2},
         "tensor_parallel_size: attention rank 1 has 2, the FFN rank 0 has 1",
     ),
+    "connector": (
+        (2, 1),
+        (2, 1, 1),
+        {"connector": "NcclAFDConnector"},  # a CUDA Attention engine meeting a CPU FFN engine
+        "connector: attention rank 1 has NcclAFDConnector, the FFN rank 0 has GlooAFDConnector",
+    ),
 }
 
 
@@ -474,7 +481,7 @@ def _rank_and(payload: bytes | None) -> bytes:
             _rank_and(b'{"format": "afd-fingerprint/0", "version": "0.0.9"}'),
             30,
             "received a malformed fingerprint: format 'afd-fingerprint/0', expected "
-            "'afd-fingerprint/2'; it says it runs vllm-afd-overlay 0.0.9",
+            "'afd-fingerprint/3'; it says it runs vllm-afd-overlay 0.0.9",
         ),
         (
             _rank_and(
@@ -572,7 +579,7 @@ def test_fingerprint_of_an_engine() -> None:
     engine = _engine_config("/models/a")
     identity = model_identity(engine)
     assert fingerprint(engine, afd, 3, [1, 2]) == Fingerprint(
-        3, 4, 2, 1, True, (1, 2), 64, "bfloat16", identity, project_version()
+        3, 4, 2, 1, True, (1, 2), 64, "bfloat16", identity, project_version(), "GlooAFDConnector"
     )
     assert identity.startswith("X config-sha256:") and len(identity) == len("X config-sha256:") + 16
     assert model_identity(_engine_config("/elsewhere/b")) == identity
@@ -688,3 +695,61 @@ def test_engines_that_do_not_fit_the_topology_are_refused_before_loading(
     with pytest.raises(AFDConfigError) as raised:
         worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))
     assert str(raised.value).startswith(message)
+
+
+def _watched_attention_peer(port: int, results: multiprocessing.Queue) -> None:
+    from afd_models.connectors.nccl import NcclAttentionConnector
+
+    gone = threading.Event()
+
+    def on_peer_gone(exc: BaseException) -> None:
+        results.put(str(exc))
+        gone.set()
+
+    connector = NcclAttentionConnector(
+        "127.0.0.1",
+        groups(1, 1, port)[0],
+        0,
+        EXTRA,
+        _fingerprint(0, 1, 1),
+        device=torch.device("cpu"),
+        make_communicator=GlooPlaysNccl,
+        on_peer_gone=on_peer_gone,
+    )
+    results.put("connected")
+    gone.wait(60)
+    connector.close()
+
+
+def test_an_attention_worker_whose_ffn_leaves_aborts_its_device_transfers() -> None:
+    """NCCL transfers wait on the device (a graph replay), where no host timeout reaches them:
+    when the FFN worker leaves, the Attention side sees its step channel end at once, aborts the
+    data plane and reports it (the worker then exits)."""
+    from afd_models.connectors.nccl import NcclFFNConnector
+
+    context = multiprocessing.get_context("spawn")
+    results, port = context.Queue(), free_port()
+    peer = context.Process(target=_watched_attention_peer, args=(port, results))
+    peer.start()
+    try:
+        ffn = NcclFFNConnector(
+            "127.0.0.1",
+            groups(1, 1, port)[0],
+            EXTRA,
+            _fingerprint(0, 1, 1),
+            device=torch.device("cpu"),
+            make_communicator=GlooPlaysNccl,
+        )
+        assert results.get(timeout=60) == "connected"
+        left = time.monotonic()
+        ffn.close()
+        assert results.get(timeout=30) == (
+            f"AFD nccl attention: the FFN worker at 127.0.0.1:{port} closed the step channel "
+            "(it is gone); the nccl data plane is aborted"
+        )
+        assert time.monotonic() - left < 5
+    finally:
+        peer.join(30)
+        if peer.is_alive():
+            peer.kill()
+    assert peer.exitcode == 0

@@ -61,7 +61,8 @@ class FP8Layer(nn.Module):
         )
         self.weight_scale_inv = nn.Parameter(torch.zeros(1, 1), requires_grad=False)
         self.attn = nn.Module()
-        BaseKVCacheMethod.create_weights(None, self.attn)  # type: ignore[arg-type]
+        self.attn.quant_method = BaseKVCacheMethod(None)  # type: ignore[arg-type]
+        self.attn.quant_method.create_weights(self.attn)
 
 
 def _load(layer: FP8Layer, names: list[str]) -> set[str]:
@@ -80,6 +81,15 @@ def test_kv_cache_scales_are_left_to_vllm() -> None:
     scales = {n: p.item() for n, p in layer.attn.named_parameters()}
     # untouched: still vLLM's "not loaded" value, which it resolves after loading
     assert scales == {"q_scale": -1.0, "k_scale": -1.0, "v_scale": -1.0, "prob_scale": -1.0}
+
+
+def test_kv_cache_parameters_of_any_kv_cache_method_are_left_to_vllm() -> None:
+    """Compressed-tensors' KV-cache method creates plain parameters (zero points among them) on
+    the attention layer: they are vLLM's too."""
+    layer = FP8Layer()
+    layer.attn.k_zero_point = nn.Parameter(torch.zeros(1), requires_grad=False)
+    _load(layer, ["weight", "weight_scale_inv"])
+    assert layer.attn.k_zero_point.item() == 0.0
 
 
 def test_a_missing_fp8_scale_is_still_named() -> None:

@@ -29,6 +29,7 @@ ENGINE = Fingerprint(
     dtype="bfloat16",
     model="AFDDeepseekV2ForCausalLM config-sha256:0123456789abcdef",
     version="0.1.0",
+    connector="GlooAFDConnector",
 )
 
 
@@ -164,10 +165,10 @@ def _fields(**changes: object) -> dict[str, object]:
         (ENGINE.encode()[:-1], "carries"),
         (b"\xff\xff\xff\xff", "announces 4294967295 bytes, more than the 1048576 allowed"),
         (b"\0\0\0\3abc", "not JSON"),
-        (_framed([1, 2]), "format None, expected 'afd-fingerprint/2'"),
+        (_framed([1, 2]), "format None, expected 'afd-fingerprint/3'"),
         (
             _framed(_fields(format="afd-fingerprint/1", version="0.3.0")),
-            "format 'afd-fingerprint/1', expected 'afd-fingerprint/2'; it says it runs vllm-afd-overlay 0.3.0",
+            "format 'afd-fingerprint/1', expected 'afd-fingerprint/3'; it says it runs vllm-afd-overlay 0.3.0",
         ),
         (_framed({k: v for k, v in _fields().items() if k != "dtype"}), "fields ["),
         (_framed(_fields(extra=1)), "'extra'"),
@@ -258,4 +259,5 @@ def test_every_differing_field_is_listed_in_field_order() -> None:
         "dtype",
         "model",
         "version",
+        "connector",
     ]

@@ -13,9 +13,10 @@ from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from afd_models.connectors.factory import connect_ffn, prepare_attention
-from afd_models.ffn_server import FFNServer, exit_process
+from afd_models.ffn_server import FFNServer
 from afd_models.generated import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, CudaGraphs, FFNGraphs
+from afd_models.log import exit_process
 from afd_models.models.remote import bind_connector
 from codegen.markers import delta, extend, override, subclass
 
@@ -66,12 +67,14 @@ class AFDAttentionModelRunner(CPUModelRunner):
         steps = getattr(self, "afd_graph_steps", None)
         if steps is not None:
             steps.report()
+        # the connector first: vLLM's shutdown synchronizes the device, which would wait forever
+        # on a transfer still pending on a peer that is gone (closing aborts it)
+        connector = getattr(self, "afd_connector", None)
         try:
-            super().shutdown()
-        finally:
-            connector = getattr(self, "afd_connector", None)
             if connector is not None:
                 connector.close()
+        finally:
+            super().shutdown()
 
     @extend
     def afd_connector_stats(self) -> dict[str, float]:
@@ -120,11 +123,11 @@ class AFDFFNModelRunner(CPUModelRunner):
     @override
     def shutdown(self) -> None:
         server = getattr(self, "afd_server", None)
-        if server is not None:
-            server.stop()
+        connector = getattr(self, "afd_connector", None)
         try:
-            super().shutdown()
-        finally:
-            connector = getattr(self, "afd_connector", None)
-            if connector is not None:
+            if server is not None:
+                server.stop()
+            if connector is not None:  # before vLLM's device synchronize, as on Attention
                 connector.close()
+        finally:
+            super().shutdown()
