@@ -72,6 +72,10 @@ CONNECTOR_PLATFORMS: dict[str, tuple[str, ...]] = {
     "NcclAFDConnector": ("cuda",),
     "LoopbackAFDConnector": ("cpu", "cuda"),
 }
+#: connectors that serve DBO micro-batches: an FFN half in another process. In-process (loopback)
+#: it would compute inside vLLM's micro-batch threads, where vLLM's MoE kernels refuse to run
+#: (``assert not dbo_enabled()`` without an async all2all), and gloo moves no CUDA tensors
+DBO_CONNECTORS: frozenset[str] = frozenset({"NcclAFDConnector"})
 #: the connector of a section that names none, by platform
 PLATFORM_CONNECTORS: dict[str, str] = {"cpu": "GlooAFDConnector", "cuda": "NcclAFDConnector"}
 
@@ -101,6 +105,10 @@ class AFDConfig:
     rank_offset: int = 0
     #: run the MoE gate on Attention and send router logits with the hidden states
     compute_gate_on_attention: bool = False
+    #: Attention role: split large enough steps into two micro-batches whose exchanges overlap
+    #: the other's compute (vLLM's DBO, thresholds from its ``--dbo-*-token-threshold`` flags);
+    #: the FFN role follows each step's header and takes no setting
+    dbo: bool = False
     #: the connector's own settings, already validated
     connector_extra_config: Any = field(default=None)
 
@@ -223,6 +231,7 @@ _FIELDS = (
     "num_ffn_ranks",
     "rank_offset",
     "compute_gate_on_attention",
+    "dbo",
     "connector_extra_config",
 )
 
@@ -314,8 +323,21 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
         compute_gate_on_attention=_boolean(
             "compute_gate_on_attention", section.get("compute_gate_on_attention", False)
         ),
+        dbo=_boolean("dbo", section.get("dbo", False)),
         connector_extra_config=_extra(connector, section.get("connector_extra_config", {})),
     )
+    if config.dbo and role is Role.FFN:
+        raise AFDConfigError(
+            f"{_where('dbo')}=true with {_where('role')}='ffn' is not allowed: the Attention role "
+            "decides which steps to split, and the FFN role follows each step's header; allowed for "
+            "role ffn: leave dbo out (or false)"
+        )
+    if config.dbo and connector not in DBO_CONNECTORS:
+        raise AFDConfigError(
+            f"{_where('dbo')}=true with {_where('connector')}={connector!r} is not allowed: the "
+            "micro-batches overlap their exchanges with an FFN engine of its own, on CUDA; "
+            f"allowed connectors: {', '.join(sorted(DBO_CONNECTORS))}"
+        )
     a, f, port = config.num_attention_ranks, config.num_ffn_ranks, config.port
     try:
         check_topology(a, f)

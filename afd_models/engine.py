@@ -12,7 +12,8 @@
   ``--data-parallel-size`` > 1 on the FFN role (the loopback connector on the FFN role is refused
   earlier, when the AFD section is parsed);
 * the Attention worker's config copy lists the exchange op in ``compilation_config.splitting_ops``,
-  so vLLM's piecewise compilation splits the graph at every exchange;
+  so vLLM's piecewise compilation splits the graph at every exchange, and with
+  ``additional_config.afd.dbo`` it has vLLM's DBO switched on (:func:`with_dbo`);
 * the FFN worker runs eagerly (it calls its layers per step, never the compiled forward) and
   reserves no KV-cache memory (it holds no KV cache), so it starts without a memory flag on a
   machine the CPU backend's default reservation would not fit twice;
@@ -29,6 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from afd_models.config import (
+    AFD_KEY,
     AFDConfig,
     AFDConfigError,
     Role,
@@ -81,10 +83,17 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
     check_connector_platform(afd, current_platform.device_type)
     import vllm.envs as envs
 
-    refuse_unsupported(vllm_config, afd, breakable_cudagraphs=envs.VLLM_USE_BREAKABLE_CUDAGRAPH)
+    refuse_unsupported(
+        vllm_config,
+        afd,
+        breakable_cudagraphs=envs.VLLM_USE_BREAKABLE_CUDAGRAPH,
+        is_cuda=current_platform.is_cuda(),
+    )
     config = vllm_config.with_hf_config(model_config.hf_config, architectures=[target])
     if role is Role.ATTENTION:
         config = replace(config, compilation_config=_with_exchange_splitting(config))
+        if afd.dbo:
+            with_dbo(config)
         compilation = config.compilation_config
         logger.info(
             "AFD attention worker: compilation mode %s, CUDA graphs %s, splitting ops %s",
@@ -98,6 +107,22 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
             "AFD ffn worker: runs its layers eagerly per received step; no KV cache reserved"
         )
     return config, afd
+
+
+def with_dbo(vllm_config: VllmConfig) -> None:
+    """Switch vLLM's DBO on in a worker's own config copy (``vllm_config``, made for it).
+
+    Set after the copy is made, as vLLM's ``--enable-dbo`` would be, but without the engine-wide
+    check that asks for a DeepEP all2all backend: the Attention engine runs no experts, and every
+    reader of these settings (the runner's micro-batch wrapper and split decision, the worker's
+    workspaces) is on the worker side. Cascade attention goes off, as vLLM does for DBO.
+    """
+    parallel = copy.copy(vllm_config.parallel_config)
+    parallel.enable_dbo = True
+    model_config = copy.copy(vllm_config.model_config)
+    model_config.disable_cascade_attn = True
+    vllm_config.parallel_config = parallel
+    vllm_config.model_config = model_config
 
 
 def eager_ffn_config(vllm_config: VllmConfig) -> VllmConfig:
@@ -130,7 +155,7 @@ def _with_exchange_splitting(vllm_config: VllmConfig) -> Any:
 
 
 def refuse_unsupported(
-    vllm_config: Any, afd: AFDConfig, *, breakable_cudagraphs: bool = False
+    vllm_config: Any, afd: AFDConfig, *, breakable_cudagraphs: bool = False, is_cuda: bool = False
 ) -> None:
     """Raise for the first engine flag this role's AFD runtime cannot serve.
 
@@ -156,10 +181,19 @@ def refuse_unsupported(
             "rank, each with its own additional_config.afd.rank_offset"
         )
     if parallel.enable_dbo or parallel.ubatch_size > 1:
+        # vLLM accepts these flags only with a DeepEP or NIXL all2all backend, which has nothing
+        # to do with the AFD exchange; the AFD section switches DBO on in the worker's own config
         raise AFDConfigError(
-            f"--enable-dbo={parallel.enable_dbo} / --ubatch-size={parallel.ubatch_size} is not supported "
-            f"with AFD yet ({role} role): micro-batch overlap of the exchange is not implemented; "
-            "allowed: no --enable-dbo and --ubatch-size 1"
+            f"--enable-dbo={parallel.enable_dbo} / --ubatch-size={parallel.ubatch_size} is not "
+            f"supported with AFD ({role} role); allowed: no --enable-dbo and --ubatch-size 1, and "
+            f"for micro-batch overlap of the exchange additional_config.afd.dbo=true on the "
+            "Attention engine (thresholds from --dbo-decode-token-threshold and "
+            "--dbo-prefill-token-threshold)"
+        )
+    if afd.dbo and not is_cuda:
+        raise AFDConfigError(
+            f"additional_config.{AFD_KEY}.dbo=true is not supported on this platform: vLLM runs "
+            "micro-batches on CUDA streams only; allowed: dbo false (or left out)"
         )
     if parallel.enable_eplb:
         raise AFDConfigError(

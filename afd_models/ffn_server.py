@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from afd_models.connectors.base import (
     StepHeader,
     peer_counts,
 )
+from afd_models.dbo import receives_before_send, split_step_units
 from afd_models.graphs import FFNGraphKey, FFNGraphs, GraphCounters, replays_graphs
 from afd_models.log import get_logger
 from afd_models.topology import Group, TopologyError, ffn_token_counts
@@ -84,7 +86,11 @@ def serve_step(
     graphs: FFNGraphs | None = None,
 ) -> tuple[list[int], bool]:
     """Compute every remote layer of one step: the rows each layer computed on, in layer order,
-    and whether the step ran from ``graphs`` (only a step every peer replays from a graph may)."""
+    and whether the step ran from ``graphs`` (only a step every peer replays from a graph may).
+    A step some peer split into micro-batches runs eagerly, unit by unit
+    (:func:`serve_split_step`)."""
+    if any(h.ubatch_tokens for h in headers):
+        return serve_split_step(model, vllm_config, connector, layers, headers), False
     from_graphs = graphs is not None and replays_graphs(headers)
     rows = []
     with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
@@ -103,6 +109,42 @@ def serve_step(
             else:
                 rows.append(layer())
     return rows, from_graphs
+
+
+def serve_split_step(
+    model: FFNModel,
+    vllm_config: VllmConfig,
+    connector: FFNConnector,
+    layers: Sequence[int],
+    headers: Sequence[StepHeader],
+) -> list[int]:
+    """Compute a step some peer split into micro-batches, unit by unit, each peer's transfers in
+    the order it posts the matching ones (see :mod:`afd_models.dbo`): the rows each layer
+    computed on (all its micro-batches), in layer order."""
+    units = split_step_units(layers, headers)
+    rows = dict.fromkeys(layers, 0)
+    waits = [connector.start_recv(units[0].layer, units[0].ubatch, units[0].peers)]
+    with torch.inference_mode():
+        for index, unit in enumerate(units):
+            for wait in waits:
+                wait()
+            hidden_states, router_logits = connector.received(unit.layer, unit.ubatch)
+            tokens = int(hidden_states.shape[0])
+            with set_forward_context(None, vllm_config, num_tokens=tokens):
+                output = model.compute_ffn_output(unit.layer, hidden_states, router_logits)
+            rows[unit.layer] += tokens
+            if index + 1 == len(units):
+                connector.send(unit.layer, output, unit.ubatch)
+                break
+            following = units[index + 1]
+            before, after = receives_before_send(following, headers)
+            waits = (
+                [connector.start_recv(following.layer, following.ubatch, before)] if before else []
+            )
+            connector.send(unit.layer, output, unit.ubatch)
+            if after:
+                waits.append(connector.start_recv(following.layer, following.ubatch, after))
+    return [rows[layer] for layer in layers]
 
 
 #: steps the FFN server remembers for :meth:`FFNServer.recent_steps`
@@ -156,6 +198,8 @@ class FFNServer:
         self.group = connector.group  # its peers, in the order of their step headers
         self.on_failure = on_failure
         self.steps = 0
+        #: steps some peer split into micro-batches
+        self.ubatch_splits = 0
         self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
         self._recent_lock = threading.Lock()  # read from the worker's RPC thread
         self.error: BaseException | None = None
@@ -202,6 +246,8 @@ class FFNServer:
                 tokens,
                 self.graphs,
             )
+            split = any(h.ubatch_tokens for h in headers)
+            self.ubatch_splits += split
             with self._recent_lock:
                 self._recent.append(
                     {
@@ -210,6 +256,7 @@ class FFNServer:
                         "tokens": tokens,
                         "rows": rows,
                         "graph": from_graphs,
+                        "split": split,
                     }
                 )
             self.steps += 1
@@ -217,14 +264,17 @@ class FFNServer:
     def recent_steps(self) -> list[dict[str, Any]]:
         """The last :data:`RECENT_STEPS` steps, oldest first: ``step`` (its index), ``peers``
         (Attention rank -> tokens its header announced), ``tokens`` (this FFN rank's step count
-        from :func:`check_headers`), ``rows`` (rows each remote layer received and computed) and
-        ``graph`` (whether the step ran from FFN graphs)."""
+        from :func:`check_headers`), ``rows`` (rows each remote layer received and computed),
+        ``graph`` (whether the step ran from FFN graphs) and ``split`` (whether some peer split
+        it into micro-batches)."""
         with self._recent_lock:
             return list(self._recent)
 
     def counters(self) -> dict[str, int]:
-        """Graph captures and replays of the FFN graphs (zeros when the server runs eagerly)."""
-        return (self.graphs.counters if self.graphs is not None else GraphCounters()).as_dict()
+        """Graph captures and replays of the FFN graphs (zeros when the server runs eagerly), and
+        the steps some peer split into micro-batches."""
+        graphs = self.graphs.counters if self.graphs is not None else GraphCounters()
+        return dataclasses.replace(graphs, ubatch_splits=self.ubatch_splits).as_dict()
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

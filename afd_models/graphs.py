@@ -7,7 +7,9 @@ with them. A replay runs no Python, so the AFD wrapper (generated from
 the first call for a batch shape is a capture, run inside ``connector.capturing()`` (the exchange
 is recorded, nothing is announced); every later one is a replay, announced to the FFN side first
 with the header kept from the capture (``graph`` set). Eager steps, prefill and mixed batches among
-them, announce themselves as before, with ``graph`` unset.
+them, announce themselves as before, with ``graph`` unset. Under DBO vLLM's micro-batch wrapper
+(the AFD one, ``overlay/vllm/v1/worker/gpu_ubatch_wrapper.py``) captures and replays the split
+steps' graphs, and hands each split step to :meth:`AttentionGraphSteps.split_step` alike.
 
 **FFN.** A step may run from the FFN's own graphs only when every peer's header says it replays a
 graph (:func:`replays_graphs`); any other step runs eagerly, whatever graphs exist. FFN graphs are
@@ -15,12 +17,14 @@ per layer and keyed by :class:`FFNGraphKey`: the layer, each peer's token count 
 the router-logit width, never the step's total alone (a graph keyed by the total would replay
 for another split of the same total between peers). The first step of a key runs eagerly (it
 warms the kernels for that shape); the second captures the layer's receive, compute and send and
-replays it; later ones replay.
+replays it; later ones replay. Steps a peer split into micro-batches run eagerly
+(:mod:`afd_models.dbo`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -40,7 +44,7 @@ class GraphCounters:
 
     graph_captures: int = 0
     graph_replays: int = 0
-    #: steps split into two micro-batches (DBO; not implemented yet, so 0)
+    #: steps run as two micro-batches (DBO), eagerly or replayed
     ubatch_splits: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -76,18 +80,56 @@ class AttentionGraphSteps:
     def run(self, captured: bool, num_tokens: int, call: Callable[[], T]) -> T:
         """Run ``call`` (vLLM's wrapper), which replays the graph of ``num_tokens`` (padded)
         tokens if ``captured``, else captures it."""
+        with self._graph_step(captured, num_tokens):
+            return call()
+
+    @contextlib.contextmanager
+    def _graph_step(self, captured: bool, num_tokens: int) -> Iterator[None]:
         if captured:
             self.connector.announce_graph_step(num_tokens)
             self.counters.graph_replays += 1
-            return call()
+            yield
+            return
         with self.connector.capturing():
-            result = call()
+            yield
         self.counters.graph_captures += 1
-        return result
+
+    @contextlib.contextmanager
+    def split_step(self, ubatch_tokens: Sequence[int], graph: bool | None) -> Iterator[None]:
+        """Around vLLM's micro-batch wrapper running a step as micro-batches of ``ubatch_tokens``
+        (padded): eagerly (``graph`` None), capturing their FULL graph (False) or replaying it
+        (True; the header kept at capture carries the split)."""
+        if not graph:  # the forward runs (eagerly or captured): its first send opens the step
+            self.connector.split_next_step(ubatch_tokens)
+        if graph is not False:
+            self.counters.ubatch_splits += 1
+        if graph is None:
+            yield
+            return
+        with self._graph_step(graph, sum(ubatch_tokens)):
+            yield
 
     def report(self) -> None:
         """Log the counters (at shutdown)."""
         logger.info("AFD attention graphs: %s", self.counters.as_dict())
+
+
+def split_step(
+    steps: AttentionGraphSteps | None,
+    ubatch_slices: Sequence[Any],
+    runtime_mode: Any,
+    graphs: Mapping[int, Any],
+) -> contextlib.AbstractContextManager[None]:
+    """What vLLM's micro-batch wrapper runs a split step in (``ubatch_slices``, in
+    ``runtime_mode``, with its FULL ``graphs`` by token count): :meth:`AttentionGraphSteps.split_step`
+    of ``steps`` (nothing before the runner binds them)."""
+    if steps is None:
+        return contextlib.nullcontext()
+    from vllm.config import CUDAGraphMode
+
+    tokens = [s.num_tokens for s in ubatch_slices]
+    graph = sum(tokens) in graphs if runtime_mode is CUDAGraphMode.FULL else None
+    return steps.split_step(tokens, graph)
 
 
 @dataclass(frozen=True)

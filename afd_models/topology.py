@@ -25,13 +25,13 @@ calls these functions (the connector factory for groups, the FFN server for toke
   ``port + k * tp_size + t`` (:func:`group_port`): ``port + k`` without TP.
 * An FFN rank computes on the concatenation of its peers' tokens, so its step's token count is
   the sum over its own peers (:func:`ffn_token_counts`: 4A2F with [3, 5, 7, 11] -> [8, 18], 3A2F
-  with [3, 5, 7] -> [8, 7]), while each peer's own count sizes that peer's rows
-  (:func:`peer_slices`).
+  with [3, 5, 7] -> [8, 7]), while each peer's own count sizes that peer's rows (the FFN
+  connector splits its output by the peers' step headers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: the highest TCP port
@@ -223,17 +223,3 @@ def ffn_token_counts(
             )
         totals[ffn_rank] = sum(counts[r] for r in members)
     return totals
-
-
-def peer_slices(
-    counts_per_attention: Sequence[int] | Mapping[int, int], group: Group
-) -> list[slice]:
-    """Rows of the FFN rank's concatenated batch that belong to each peer, in group order
-    (``counts_per_attention`` is indexed by Attention rank)."""
-    start = 0
-    slices = []
-    for rank in group.attention_ranks:
-        count = counts_per_attention[rank]
-        slices.append(slice(start, start + count))
-        start += count
-    return slices

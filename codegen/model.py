@@ -26,8 +26,9 @@ class SymbolRef:
 
     @classmethod
     def parse(cls, text: str) -> SymbolRef:
-        module, _, qualname = text.partition(":")
-        if not module or not qualname:
+        """``module:Qual.name``, or ``module:`` for the module itself (what ``str`` gives)."""
+        module, colon, qualname = text.partition(":")
+        if not module or not colon:
             raise ValueError(f"{text!r} is not a 'module:Name' reference")
         return cls(module, qualname)
 

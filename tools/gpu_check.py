@@ -15,6 +15,8 @@ FFN weights count in vLLM's memory budget. It measures tokens/s of both engines 
 ``max_tokens``, ``ignore_eos``, greedy; timed after one warm-up generate) and the connector's
 round trip. With two or more CUDA devices it also runs the two-process NCCL path (FFN engine on
 the second device, Attention on the first); with one it says so and skips it (a skip, not a pass).
+DBO (``additional_config.afd.dbo``) runs in the NCCL pair only: an in-process FFN half would
+compute inside vLLM's micro-batch threads, which vLLM's MoE kernels refuse.
 
 Exit codes: 0 every run that ran passed; 1 a comparison or counter check failed; 2 bad usage, or a
 host that cannot run the check (no vLLM and no ``--bundle``, no CUDA device, stale generated code);
@@ -43,7 +45,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -132,14 +134,16 @@ class Mode:
     compiled: bool = True
     #: also run the two-process NCCL pair in this mode (needs two CUDA devices)
     nccl: bool = False
-    #: why the runtime cannot run this mode yet; such a mode is listed, never run
-    unsupported: str | None = None
+    #: keys of the AFD Attention engine's ``additional_config.afd`` section in this mode
+    afd: Mapping[str, Any] = field(default_factory=dict)
+    #: why the loopback pair on one GPU cannot run this mode (it runs in the NCCL pair only)
+    no_loopback: str | None = None
 
     def llm_args(self) -> dict[str, Any]:
         return copy.deepcopy(dict(self.engine_args))
 
 
-#: every mode, in report order. Adding one, or enabling DBO, is one entry here.
+#: every mode, in report order. Adding one is one entry here.
 MODES: tuple[Mode, ...] = (
     Mode(
         "eager",
@@ -165,11 +169,12 @@ MODES: tuple[Mode, ...] = (
         exchange_in_graph=True,
         nccl=True,
     ),
-    # thresholds low enough that the 3-sequence decode batches split into two micro-batches
+    # DBO is the AFD section's (native vLLM takes --enable-dbo only with a DeepEP or NIXL-EP
+    # all2all backend, so the native run is the same engine without micro-batches); thresholds
+    # low enough that the 3-sequence decode batches and the prompts split
     Mode(
         "dbo",
         {
-            "enable_dbo": True,
             "dbo_decode_token_threshold": 2,
             "dbo_prefill_token_threshold": 2,
             "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
@@ -177,10 +182,12 @@ MODES: tuple[Mode, ...] = (
         graphs=Expect.ANY,
         ubatch_splits=Expect.POSITIVE,
         exchange_in_graph=True,
-        unsupported=(
-            "the AFD workers refuse --enable-dbo at start-up (AFDConfigError: micro-batch "
-            "overlap of the exchange is not implemented yet); native vLLM 0.26.0 accepts DBO only "
-            "with a DeepEP or NIXL-EP all2all backend"
+        nccl=True,
+        afd={"dbo": True},
+        no_loopback=(
+            "an in-process FFN half would compute inside vLLM's micro-batch threads, where "
+            "vLLM's MoE kernels refuse to run, so the AFD workers refuse DBO with the loopback "
+            "connector"
         ),
     ),
 )
@@ -191,10 +198,6 @@ def mode_named(name: str) -> Mode:
         if mode.name == name:
             return mode
     raise KeyError(name)
-
-
-def runnable_modes() -> tuple[Mode, ...]:
-    return tuple(mode for mode in MODES if mode.unsupported is None)
 
 
 class Gate(str, enum.Enum):
@@ -464,7 +467,8 @@ def evaluate_pair(
 
 class ModeStatus(str, enum.Enum):
     RAN = "ran"
-    NOT_SUPPORTED = "not supported yet"
+    #: the mode runs in the NCCL pair only (its runs are the NCCL pair's)
+    NCCL_ONLY = "NCCL pair only"
     NOT_SELECTED = "not selected"
 
 
@@ -522,10 +526,10 @@ class Report:
         runs = self.runs()
         passed = sum(run.passed for run in runs)
         parts = [f"{passed} passed", f"{len(runs) - passed} failed"]
-        unsupported = [m.mode.name for m in self.modes if m.status is ModeStatus.NOT_SUPPORTED]
-        if unsupported:
-            parts.append(f"not supported yet (not run): {', '.join(unsupported)}")
         if self.nccl.status is NcclStatus.SKIPPED:
+            nccl_only = [m.mode.name for m in self.modes if m.status is ModeStatus.NCCL_ONLY]
+            if nccl_only:
+                parts.append(f"not run (NCCL pair only): {', '.join(nccl_only)}")
             parts.append(f"skipped: NCCL pair ({self.nccl.reason})")
         return f"gpu_check: {'; '.join(parts)}; exit {self.exit_code()}"
 
@@ -847,8 +851,8 @@ def run_pair(
 
     ``native`` is a native result of the same mode to reuse (it does not depend on the gate).
     """
-    if mode.unsupported is not None:
-        raise ValueError(f"mode {mode.name} is not supported yet: {mode.unsupported}")
+    if mode.no_loopback is not None:
+        raise ValueError(f"mode {mode.name} runs in the NCCL pair only: {mode.no_loopback}")
     if native is None:
         native = run_native(mode, setup)
     afd = {
@@ -897,7 +901,7 @@ def run_nccl_pair(mode: Mode, gate: Gate, setup: Setup, native: EngineResult) ->
         EngineSpec(
             f"{tag}-attention",
             str(setup.model),
-            _llm_args(mode, ATTENTION_WORKER, {**section, "role": "attention"}),
+            _llm_args(mode, ATTENTION_WORKER, {**section, **mode.afd, "role": "attention"}),
             afd_attention=True,
             hold_path=str(hold),
         ),
@@ -1214,12 +1218,12 @@ class Options:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    runnable = ", ".join(m.name for m in runnable_modes())
+    runnable = ", ".join(m.name for m in MODES)
     parser = argparse.ArgumentParser(
         prog="gpu_check.py",
         description=__doc__.split("\n\n")[0],
-        epilog=f"Modes: {runnable}; not supported yet: "
-        + ", ".join(m.name for m in MODES if m.unsupported)
+        epilog=f"Modes: {runnable}; in the NCCL pair only: "
+        + ", ".join(m.name for m in MODES if m.no_loopback)
         + ". Exit codes: 0 passed, 1 a check failed, 2 bad usage or unusable host, 3 crash.",
     )
     parser.add_argument(
@@ -1265,17 +1269,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from(args: argparse.Namespace) -> Options:
     """Validate the arguments. Raises UsageError naming the bad value and the allowed ones."""
-    runnable = runnable_modes()
-    allowed = ", ".join(m.name for m in runnable)
+    allowed = ", ".join(m.name for m in MODES)
     chosen = []
-    for name in args.only or [m.name for m in runnable]:
+    for name in args.only or [m.name for m in MODES]:
         mode = next((m for m in MODES if m.name == name), None)
         if mode is None:
             raise UsageError(f"--only {name!r} is not a mode; allowed: {allowed}")
-        if mode.unsupported is not None:
-            raise UsageError(
-                f"--only {name!r} is not supported yet ({mode.unsupported}); allowed: {allowed}"
-            )
         if mode not in chosen:
             chosen.append(mode)
     gates = tuple(Gate)
@@ -1293,7 +1292,7 @@ def options_from(args: argparse.Namespace) -> Options:
         raise UsageError(
             f"--bundle {args.bundle} has no manifest.json: pass the directory of the parts"
         )
-    ordered = tuple(m for m in runnable if m in chosen)
+    ordered = tuple(m for m in MODES if m in chosen)
     return Options(
         modes=ordered,
         gates=gates,
@@ -1337,31 +1336,39 @@ def check(options: Options, setup: Setup, runner: Any = None) -> Report:
     default; the unit tests pass fakes).
     """
     runner = runner or sys.modules[__name__]
+    nccl_modes = [m for m in options.modes if m.nccl]
+    nccl_skipped: str | None = None
+    if not options.nccl:
+        nccl_skipped = "--skip-nccl"
+    elif len(setup.host.device_ids) < 2:
+        nccl_skipped = (
+            f"needs two CUDA devices, found {len(setup.host.device_ids)}: NCCL cannot put two "
+            "ranks of one communicator on one GPU"
+        )
+    elif not nccl_modes:
+        runs_it = ", ".join(m.name for m in MODES if m.nccl)
+        nccl_skipped = f"no selected mode runs it ({runs_it} do)"
     reports, natives = [], {}
     for mode in MODES:
-        if mode.unsupported is not None:
-            reports.append(ModeReport(mode, ModeStatus.NOT_SUPPORTED, mode.unsupported))
-            continue
         if mode not in options.modes:
             reports.append(ModeReport(mode, ModeStatus.NOT_SELECTED, "left out by --only"))
+            continue
+        if mode.no_loopback is not None:
+            # the native run serves the NCCL pair, when it runs
+            if nccl_skipped is None:
+                natives[mode.name] = runner.run_native(mode, setup)
+            reason = mode.no_loopback + (
+                f"; the NCCL pair is skipped: {nccl_skipped}" if nccl_skipped else ""
+            )
+            reports.append(ModeReport(mode, ModeStatus.NCCL_ONLY, reason))
             continue
         natives[mode.name] = runner.run_native(mode, setup)
         runs = [runner.run_pair(mode, gate, setup, natives[mode.name]) for gate in options.gates]
         for run in runs:
             log(f"{mode.name}, gate on {run.gate.value}: {'PASS' if run.passed else 'FAIL'}")
         reports.append(ModeReport(mode, ModeStatus.RAN, runs=tuple(runs)))
-    nccl_modes = [m for m in options.modes if m.nccl]
-    if not options.nccl:
-        nccl = NcclReport(NcclStatus.SKIPPED, "--skip-nccl")
-    elif len(setup.host.device_ids) < 2:
-        nccl = NcclReport(
-            NcclStatus.SKIPPED,
-            f"needs two CUDA devices, found {len(setup.host.device_ids)}: NCCL cannot put two "
-            "ranks of one communicator on one GPU",
-        )
-    elif not nccl_modes:
-        runs_it = ", ".join(m.name for m in runnable_modes() if m.nccl)
-        nccl = NcclReport(NcclStatus.SKIPPED, f"no selected mode runs it ({runs_it} do)")
+    if nccl_skipped is not None:
+        nccl = NcclReport(NcclStatus.SKIPPED, nccl_skipped)
     else:
         runs = [
             runner.run_nccl_pair(mode, gate, setup, natives[mode.name])

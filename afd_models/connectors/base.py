@@ -2,15 +2,20 @@
 
 Attention side (what the remote proxies call, in forward order, once per remote layer)::
 
-    connector.send(layer_idx, hidden_states, router_logits_or_None)
-    output = connector.recv(layer_idx, like=hidden_states)
+    connector.send(layer_idx, hidden_states, router_logits_or_None, ubatch)
+    output = connector.recv(layer_idx, like=hidden_states, ubatch=ubatch)
 
 A forward step starts when the first remote layer is sent; the connector then announces the
 step to the FFN side (a :class:`StepHeader`: token count, hidden size, dtype, router-logit width),
-so the FFN side can size its buffers. A step replayed from a CUDA graph runs no Python, so the
+so the FFN side can size its buffers. With vLLM's DBO a step runs as two micro-batches
+(``ubatch`` 0 and 1, each in a thread of its own that yields between its send and its receive);
+the runner says so first (:meth:`AFDConnector.split_next_step`), the header carries the split,
+and the FFN side serves the micro-batches' layers in the order they reach it
+(:func:`afd_models.dbo.split_step_units`). A step replayed from a CUDA graph runs no Python, so the
 graph's owner announces it before the replay (:meth:`AFDConnector.announce_graph_step`), from the
 header recorded while the graph was captured (:meth:`AFDConnector.capturing`: the exchange is
-recorded into the graph, nothing is announced). The FFN side serves steps in a loop::
+recorded into the graph, nothing is announced). The FFN side serves steps in a loop (a split
+step unit by unit, see :mod:`afd_models.dbo`)::
 
     header = ffn.wait_step(stop_event)            # None once stop_event is set
     for layer_idx in layers:
@@ -35,7 +40,7 @@ import struct
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -68,10 +73,19 @@ class StepHeader:
     #: the Attention side replays a captured CUDA graph for this step (the FFN side may replay
     #: one of its own for the same per-peer shapes; for any other step it runs eagerly)
     graph: bool = False
+    #: tokens of the first of the step's two micro-batches (DBO); 0 when the step is not split
+    ubatch_tokens: int = 0
 
     MAGIC = 0xAFD0
     #: int64 values on the wire
-    SIZE = 8
+    SIZE = 9
+
+    @property
+    def ubatches(self) -> tuple[int, ...]:
+        """The tokens of each micro-batch, in order (one when the step is not split)."""
+        if not self.ubatch_tokens:
+            return (self.num_tokens,)
+        return (self.ubatch_tokens, self.num_tokens - self.ubatch_tokens)
 
     def encode(self) -> torch.Tensor:
         return torch.tensor(
@@ -84,25 +98,27 @@ class StepHeader:
                 self.logits_width,
                 DTYPES.index(self.logits_dtype),
                 int(self.graph),
+                self.ubatch_tokens,
             ],
             dtype=torch.int64,
         )
 
     @classmethod
     def decode(cls, values: torch.Tensor) -> StepHeader:
-        magic, step, tokens, hidden, dtype_code, width, logits_code, graph = (
+        magic, step, tokens, hidden, dtype_code, width, logits_code, graph, first = (
             int(v) for v in values.tolist()
         )
         if (
             magic != cls.MAGIC
             or not all(0 <= c < len(DTYPES) for c in (dtype_code, logits_code))
             or graph not in (0, 1)
+            or not (first == 0 or 0 < first < tokens)
         ):
             raise AFDConnectionError(
                 f"received a malformed step header {values.tolist()} (is the peer an AFD connector?)"
             )
         return cls(
-            step, tokens, hidden, DTYPES[dtype_code], width, DTYPES[logits_code], bool(graph)
+            step, tokens, hidden, DTYPES[dtype_code], width, DTYPES[logits_code], bool(graph), first
         )
 
     @staticmethod
@@ -141,9 +157,9 @@ class Fingerprint:
     #: the sender's connector (its data plane: both sides must run the same one)
     connector: str
 
-    #: format tag: a peer without it, or with another value, is not a peer of this format (3:
-    #: the connector named, step headers of 8 values)
-    FORMAT = "afd-fingerprint/3"
+    #: format tag: a peer without it, or with another value, is not a peer of this format (4:
+    #: the connector named, step headers of 9 values)
+    FORMAT = "afd-fingerprint/4"
     LENGTH = struct.Struct("!I")
     #: the most bytes a fingerprint may announce (a real one is well under 4 KiB)
     MAX_BYTES = 1 << 20
@@ -270,14 +286,15 @@ class ExchangeStats:
     bytes_sent: int = 0
     #: forward steps announced to the FFN side
     steps: int = 0
-    _started: dict[int, float] = field(default_factory=dict)
+    #: when each exchange in flight began, by (micro-batch, layer)
+    _started: dict[tuple[int, int], float] = field(default_factory=dict)
 
-    def started(self, layer_idx: int, nbytes: int) -> None:
-        self._started[layer_idx] = time.perf_counter()
+    def started(self, exchange: tuple[int, int], nbytes: int) -> None:
+        self._started[exchange] = time.perf_counter()
         self.bytes_sent += nbytes
 
-    def finished(self, layer_idx: int) -> None:
-        began = self._started.pop(layer_idx, None)
+    def finished(self, exchange: tuple[int, int]) -> None:
+        began = self._started.pop(exchange, None)
         if began is not None:
             self.exchanges += 1
             self.total_s += time.perf_counter() - began
@@ -298,7 +315,12 @@ class AFDConnector(ABC):
     def __init__(self) -> None:
         self.layers: tuple[int, ...] = ()
         self.stats = ExchangeStats()
-        self._next = 0
+        #: position in ``layers`` of each micro-batch's next send
+        self._next = [0]
+        #: the split :meth:`split_next_step` planned for the next step
+        self._plan: tuple[int, ...] | None = None
+        #: each micro-batch's tokens in the step in progress (one entry when not split)
+        self.ubatches: tuple[int, ...] = ()
         self._step = -1
         #: a CUDA graph is being captured: the exchange is recorded, not announced
         self.is_capturing = False
@@ -311,43 +333,89 @@ class AFDConnector(ABC):
             raise ValueError("the model has no remote layers: is it an AFD Attention model?")
         self.layers = tuple(layers)
 
+    def split_next_step(self, ubatch_tokens: Sequence[int]) -> None:
+        """The next forward runs as two micro-batches of these token counts, in order (vLLM's
+        DBO); its micro-batch ``i`` sends and receives with ``ubatch=i``."""
+        tokens = tuple(ubatch_tokens)
+        if len(tokens) != 2 or min(tokens) < 1:
+            raise ValueError(
+                f"a step splits into two micro-batches of at least one token each, not {tokens}"
+            )
+        self._plan = tokens
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the step in progress runs as micro-batches."""
+        return len(self.ubatches) > 1
+
     def send(
-        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        layer_idx: int,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        ubatch: int = 0,
     ) -> None:
-        """Send one layer's activations; the first remote layer of a forward opens a new step."""
+        """Send one layer's activations of micro-batch ``ubatch``; the first remote layer of a
+        forward (of its first micro-batch) opens a new step."""
         if not self.layers:
             raise AFDConnectionError(
                 "send before set_layers: bind the connector to the model first"
             )
-        if layer_idx == self.layers[0]:
-            self._next = 0
+        rows = hidden_states.shape[0]
+        opens = layer_idx == self.layers[0] and ubatch == 0
+        if opens:
+            plan, self._plan = self._plan, None
+            self.ubatches = plan if plan is not None else (rows,)
+            self._next = [0] * len(self.ubatches)
+        if not 0 <= ubatch < len(self._next):
+            raise AFDConnectionError(
+                f"layer {layer_idx} sent for micro-batch {ubatch}, but the step in progress has "
+                f"{len(self._next)} (split_next_step announces a split before the forward)"
+            )
+        position = self._next[ubatch]
+        expected = self.layers[position] if position < len(self.layers) else None
+        if layer_idx != expected:
+            raise AFDConnectionError(
+                f"layer {layer_idx} of micro-batch {ubatch} sent out of order; the FFN side "
+                f"expects layer {expected}"
+            )
+        if rows != self.ubatches[ubatch]:  # checked before a header announces the step
+            raise AFDConnectionError(
+                f"layer {layer_idx} of micro-batch {ubatch} has {rows} tokens, but its step "
+                f"announced {self.ubatches[ubatch]}"
+            )
+        if opens:
             width, logits_dtype = (
                 (0, torch.float32)
                 if router_logits is None
                 else (router_logits.shape[-1], router_logits.dtype)
             )
-            tokens, hidden = hidden_states.shape[0], hidden_states.shape[-1]
-            header = StepHeader(-1, tokens, hidden, hidden_states.dtype, width, logits_dtype)
+            header = StepHeader(
+                -1,
+                sum(self.ubatches),
+                hidden_states.shape[-1],
+                hidden_states.dtype,
+                width,
+                logits_dtype,
+                ubatch_tokens=self.ubatches[0] if self.is_split else 0,
+            )
             if self.is_capturing:
-                self._captured[tokens] = dataclasses.replace(header, graph=True)
+                self._captured[header.num_tokens] = dataclasses.replace(header, graph=True)
                 self._capture_header(header)
             else:
                 self._open_step(header)
-        expected = self.layers[self._next] if self._next < len(self.layers) else None
-        if layer_idx != expected:
-            raise AFDConnectionError(
-                f"layer {layer_idx} sent out of order; the FFN side expects layer {expected}"
-            )
-        self._next += 1
+        self._next[ubatch] += 1
         if not self.is_capturing:
-            self.stats.started(layer_idx, hidden_states.numel() * hidden_states.element_size())
-        self._send_layer(layer_idx, hidden_states, router_logits)
+            nbytes = hidden_states.numel() * hidden_states.element_size()
+            self.stats.started((ubatch, layer_idx), nbytes)
+        self._send_layer(layer_idx, hidden_states, router_logits, ubatch)
 
-    def recv(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
-        """The FFN output of ``layer_idx``, shaped and typed like ``like``."""
-        output = self._recv_layer(layer_idx, like)
+    def recv(self, layer_idx: int, like: torch.Tensor, ubatch: int = 0) -> torch.Tensor:
+        """The FFN output of ``layer_idx`` for micro-batch ``ubatch``, shaped and typed like
+        ``like``."""
+        output = self._recv_layer(layer_idx, like, ubatch)
         if not self.is_capturing:
-            self.stats.finished(layer_idx)
+            self.stats.finished((ubatch, layer_idx))
         return output
 
     def _open_step(self, header: StepHeader) -> None:
@@ -393,11 +461,15 @@ class AFDConnector(ABC):
 
     @abstractmethod
     def _send_layer(
-        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        layer_idx: int,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        ubatch: int,
     ) -> None: ...
 
     @abstractmethod
-    def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor: ...
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor, ubatch: int) -> torch.Tensor: ...
 
     def close(self) -> None:
         """Release sockets and ports; safe to call twice. Nothing to release by default."""
@@ -414,13 +486,29 @@ class FFNConnector(ABC):
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
         """Block until every peer announced its next step (one header per peer), or ``stop`` is set."""
 
-    @abstractmethod
-    def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Hidden states (and router logits) of ``layer_idx`` from all peers, concatenated in peer order."""
+    #: the headers of the step in progress, in peer order (set by ``wait_step``)
+    headers: list[StepHeader]
 
     @abstractmethod
-    def send(self, layer_idx: int, output: torch.Tensor) -> None:
-        """Split ``output`` by peer and send each peer its rows."""
+    def start_recv(self, layer_idx: int, ubatch: int, peers: Sequence[int]) -> Callable[[], None]:
+        """Post the receives of ``layer_idx``'s micro-batch ``ubatch`` from ``peers`` (positions
+        in peer order); the returned callable waits for them."""
+
+    @abstractmethod
+    def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the receives of ``layer_idx``'s micro-batch ``ubatch`` brought: hidden states
+        (and router logits), every peer's rows concatenated in peer order."""
+
+    def recv(self, layer_idx: int, ubatch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Receive ``layer_idx``'s micro-batch ``ubatch`` from every peer that has it."""
+        peers = [p for p, h in enumerate(self.headers) if ubatch < len(h.ubatches)]
+        self.start_recv(layer_idx, ubatch, peers)()
+        return self.received(layer_idx, ubatch)
+
+    @abstractmethod
+    def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
+        """Split ``output`` (micro-batch ``ubatch`` of ``layer_idx``) by peer and send each peer
+        its rows."""
 
     def interrupt(self) -> None:
         """Make a ``wait_step`` blocked in another thread return (called on stop, with the event set)."""

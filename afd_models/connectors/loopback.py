@@ -43,7 +43,8 @@ class LoopbackConnector(AFDConnector):
         #: the in-process FFN-role model, when built by :meth:`with_ffn_model`
         self.ffn_model: nn.Module | None = None
         self._context: ForwardContext | None = None
-        self._results: dict[int, torch.Tensor] = {}
+        #: FFN outputs by (micro-batch, layer)
+        self._results: dict[tuple[int, int], torch.Tensor] = {}
 
     def in_process_weight_bytes(self) -> int:
         if self.ffn_model is None:
@@ -63,16 +64,21 @@ class LoopbackConnector(AFDConnector):
         self._context = self.step_context(header) if self.step_context is not None else None
 
     def _send_layer(
-        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        layer_idx: int,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        ubatch: int,
     ) -> None:
         if self._context is None:
-            self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
-            return
-        with torch.inference_mode(), override_forward_context(self._context):
-            self._results[layer_idx] = self.compute(layer_idx, hidden_states, router_logits)
+            output = self.compute(layer_idx, hidden_states, router_logits)
+        else:
+            with torch.inference_mode(), override_forward_context(self._context):
+                output = self.compute(layer_idx, hidden_states, router_logits)
+        self._results[(ubatch, layer_idx)] = output
 
-    def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
-        return self._results.pop(layer_idx)
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor, ubatch: int) -> torch.Tensor:
+        return self._results.pop((ubatch, layer_idx))
 
     @classmethod
     def with_ffn_model(cls, vllm_config: VllmConfig) -> LoopbackConnector:

@@ -62,10 +62,9 @@ from afd_models.connectors.base import (
     Fingerprint,
     StepHeader,
     compare_fingerprints,
-    peer_counts,
 )
 from afd_models.log import get_logger
-from afd_models.topology import Group, peer_slices
+from afd_models.topology import Group
 
 logger = get_logger(__name__)
 
@@ -139,8 +138,8 @@ class Transfer:
     tag: int
 
 
-def layer_tag(layer_idx: int, logits: bool = False) -> int:
-    return 2 * layer_idx + (1 if logits else 0)
+def layer_tag(layer_idx: int, logits: bool = False, ubatch: int = 0) -> int:
+    return 4 * layer_idx + 2 * ubatch + (1 if logits else 0)
 
 
 #: waits until a batch of transfers is done (raising :class:`AFDConnectionError` past the timeout)
@@ -302,7 +301,9 @@ class P2PAttentionConnector(AFDConnector):
         on_peer_gone: Callable[[BaseException], None] | None = None,
     ):
         super().__init__()
-        self._pending: dict[int, tuple[torch.Tensor, Wait]] = {}
+        #: transfers in flight by (micro-batch, layer): the output buffer (None until a split
+        #: step's receive is posted) and the wait
+        self._pending: dict[tuple[int, int], tuple[torch.Tensor | None, Wait]] = {}
         self._header: StepHeader | None = None
         self._steps: socket.socket | None = None
         self._watchdog: _PeerWatchdog | None = None
@@ -375,7 +376,7 @@ class P2PAttentionConnector(AFDConnector):
             ) from None
 
     def _send_header(self, header: StepHeader) -> None:
-        if self._group.plane.first_layer_on_step_channel:
+        if self._group.plane.first_layer_on_step_channel and not header.ubatch_tokens:
             self._header = header  # leaves with the step's first layer
         else:
             self._write_step(header, [])
@@ -392,23 +393,30 @@ class P2PAttentionConnector(AFDConnector):
             ) from exc
 
     def _send_layer(
-        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        layer_idx: int,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        ubatch: int,
     ) -> None:
         header, self._header = self._header, None
         tensors = [hidden_states] if router_logits is None else [hidden_states, router_logits]
         if header is not None:
             self._write_step(header, tensors)
-        sends = [] if header is not None else tensors
+        sends = [
+            Transfer(True, tensor, 0, layer_tag(layer_idx, index == 1, ubatch))
+            for index, tensor in enumerate([] if header is not None else tensors)
+        ]
+        what = f"exchange of layer {layer_idx}{_of(ubatch)}"
+        if self.is_split:
+            # the receive is posted after the other micro-batch's send (see _recv_layer): on
+            # the device it would hold up everything queued behind it until the FFN answers
+            self._pending[(ubatch, layer_idx)] = (None, self._group.start(sends, what))
+            return
         out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
         # the receive first: gloo can land the answer as soon as the FFN side sends it
-        transfers = [Transfer(False, out, 0, layer_tag(layer_idx))] + [
-            Transfer(True, tensor, 0, layer_tag(layer_idx, logits=index == 1))
-            for index, tensor in enumerate(sends)
-        ]
-        self._pending[layer_idx] = (
-            out,
-            self._group.start(transfers, f"exchange of layer {layer_idx}"),
-        )
+        receive = Transfer(False, out, 0, layer_tag(layer_idx))
+        self._pending[(0, layer_idx)] = (out, self._group.start([receive, *sends], what))
 
     @property
     def _live_steps(self) -> socket.socket:
@@ -418,8 +426,16 @@ class P2PAttentionConnector(AFDConnector):
             )
         return self._steps
 
-    def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
-        out, wait = self._pending.pop(layer_idx)
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor, ubatch: int) -> torch.Tensor:
+        out, wait = self._pending.pop((ubatch, layer_idx))
+        if out is None:  # a split step's receive, posted now
+            out = torch.empty_like(like, memory_format=torch.contiguous_format)
+            receive = Transfer(False, out, 0, layer_tag(layer_idx, ubatch=ubatch))
+            sent, wait = (
+                wait,
+                self._group.start([receive], f"receive of layer {layer_idx}{_of(ubatch)}"),
+            )
+            sent()
         wait()
         return out
 
@@ -492,9 +508,11 @@ class P2PFFNConnector(FFNConnector):
         self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
-        self._rows: list[slice] = []  # each peer's rows of the step's batch
+        #: receives posted by start_recv, by (layer, micro-batch): each peer's buffers by position
+        self._incoming: dict[tuple[int, int], dict[int, list[torch.Tensor]]] = {}
         self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
-        self._first_layer = False
+        #: positions of the peers whose next layer rides behind their header (its first layer)
+        self._on_channel: set[int] = set()
         self._channels: list[socket.socket] = []
         self._group = _Rendezvous(host, group, 0, extra, "ffn", plane)
         self._prefix = self._group.prefix
@@ -636,42 +654,53 @@ class P2PFFNConnector(FFNConnector):
             self._read(channel, values, f"step header from rank {peer}")
             headers.append(StepHeader.decode(values))
         self.headers = headers
-        self._rows = peer_slices(peer_counts(self.group, headers), self.group)
-        self._first_layer = True
+        self._incoming.clear()
+        # a split step's header leaves alone (the Attention side sends none of its layers with it)
+        self._on_channel = (
+            {index for index, header in enumerate(headers) if not header.ubatch_tokens}
+            if self._group.plane.first_layer_on_step_channel
+            else set()
+        )
         return headers
 
-    def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every peer's rows of ``layer_idx``: by the data plane, or for the step's first layer on
-        a plane that allows it, from the step channel behind the header."""
+    def start_recv(self, layer_idx: int, ubatch: int, peers: Sequence[int]) -> Wait:
+        """Post the receives of ``layer_idx``'s micro-batch ``ubatch`` from ``peers`` (positions
+        in peer order): by the data plane, or for the step's first layer on a plane that allows
+        it, from the step channel behind the header."""
         plane = self._group.plane
-        on_channel = self._first_layer and plane.first_layer_on_step_channel
-        self._first_layer = False
-        hidden_all, logits_all, transfers = [], [], []
-        for index, (peer, header) in enumerate(zip(self.peers, self.headers, strict=True)):
-            rows = header.num_tokens
-            hidden = torch.empty(rows, header.hidden_size, dtype=header.dtype, device=plane.device)
-            hidden_all.append(hidden)
-            tensors = [hidden]
+        parts = self._incoming.setdefault((layer_idx, ubatch), {})
+        transfers = []
+        for index in peers:
+            peer, header = self.peers[index], self.headers[index]
+            rows = header.ubatches[ubatch]
+            tensors = [
+                torch.empty(rows, header.hidden_size, dtype=header.dtype, device=plane.device)
+            ]
             if header.logits_width:
-                logits = torch.empty(
-                    rows, header.logits_width, dtype=header.logits_dtype, device=plane.device
+                tensors.append(
+                    torch.empty(
+                        rows, header.logits_width, dtype=header.logits_dtype, device=plane.device
+                    )
                 )
-                logits_all.append(logits)
-                tensors.append(logits)
+            parts[index] = tensors
+            on_channel = index in self._on_channel
+            self._on_channel.discard(index)
             for part, tensor in enumerate(tensors):
                 if on_channel:
                     self._read(self._channels[index], tensor, f"layer {layer_idx} from rank {peer}")
                 else:
-                    transfers.append(Transfer(False, tensor, peer, layer_tag(layer_idx, part == 1)))
-        if transfers:
-            self._group.start(transfers, f"receive of layer {layer_idx}")()
-        merged_hidden = hidden_all[0] if len(hidden_all) == 1 else torch.cat(hidden_all)
-        merged_logits = (
-            (logits_all[0] if len(logits_all) == 1 else torch.cat(logits_all))
-            if logits_all
-            else None
-        )
-        return merged_hidden, merged_logits
+                    tag = layer_tag(layer_idx, part == 1, ubatch)
+                    transfers.append(Transfer(False, tensor, peer, tag))
+        if not transfers:
+            return lambda: None
+        return self._group.start(transfers, f"receive of layer {layer_idx}{_of(ubatch)}")
+
+    def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        parts = self._incoming.pop((layer_idx, ubatch))
+        ordered = [parts[index] for index in sorted(parts)]
+        hidden = [tensors[0] for tensors in ordered]
+        logits = [tensors[1] for tensors in ordered if len(tensors) > 1]
+        return _joined(hidden), _joined(logits) if logits else None
 
     def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
         try:
@@ -679,12 +708,15 @@ class P2PFFNConnector(FFNConnector):
         except OSError as exc:
             raise AFDConnectionError(f"{self._connector}: {what} failed: {exc}") from exc
 
-    def send(self, layer_idx: int, output: torch.Tensor) -> None:
-        transfers = [
-            Transfer(True, output[rows], peer, layer_tag(layer_idx))
-            for peer, rows in zip(self.peers, self._rows, strict=True)
-        ]
-        self._group.start(transfers, f"send of layer {layer_idx}")()
+    def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
+        transfers, start = [], 0
+        for peer, header in zip(self.peers, self.headers, strict=True):
+            if ubatch < len(header.ubatches):
+                rows = header.ubatches[ubatch]
+                tag = layer_tag(layer_idx, ubatch=ubatch)
+                transfers.append(Transfer(True, output[start : start + rows], peer, tag))
+                start += rows
+        self._group.start(transfers, f"send of layer {layer_idx}{_of(ubatch)}")()
 
     def interrupt(self) -> None:
         self._wake_writer.send(b"\0")
@@ -695,6 +727,14 @@ class P2PFFNConnector(FFNConnector):
         self._wake_reader.close()
         self._wake_writer.close()
         self._group.close()
+
+
+def _of(ubatch: int) -> str:
+    return f" (micro-batch {ubatch})" if ubatch else ""
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def read_into(channel: socket.socket, buffer: memoryview) -> None:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from vllm.config import get_current_vllm_config
 from vllm.model_executor.models.utils import PPMissingLayer, extract_layer_index
+from vllm.v1.worker.ubatching import dbo_current_ubatch_id, dbo_yield
 
 from afd_models.ops import exchange
 
@@ -58,8 +59,13 @@ class RemoteFFN(PPMissingLayer):
                 f"layer {self.layer_idx}: no AFD connector is bound; the AFD Attention runner binds one "
                 "after loading the model (afd_models.models.remote.bind_connector)"
             )
-        self.connector.send(self.layer_idx, hidden_states, router_logits)
-        return self.connector.recv(self.layer_idx, hidden_states)
+        # under vLLM's DBO each micro-batch runs in a thread of its own (else: micro-batch 0)
+        ubatch = dbo_current_ubatch_id()
+        self.connector.send(self.layer_idx, hidden_states, router_logits, ubatch)
+        # the other micro-batch computes while the FFN role computes this one's layer (a no-op
+        # without DBO)
+        dbo_yield()
+        return self.connector.recv(self.layer_idx, hidden_states, ubatch)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return exchange(hidden_states, None, self.layer_name)

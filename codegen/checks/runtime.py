@@ -87,9 +87,9 @@ def apply_platform_patches(package: str) -> tuple[str, ...]:
 
 
 def load(ref: SymbolRef) -> Any:
-    """Import ``module:Qual.name``."""
+    """Import ``module:Qual.name`` (``module:``: the module)."""
     obj: Any = importlib.import_module(ref.module)
-    for part in ref.qualname.split("."):
+    for part in ref.qualname.split(".") if ref.qualname else ():
         obj = getattr(obj, part)
     return obj
 

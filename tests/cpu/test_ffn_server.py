@@ -143,15 +143,27 @@ def _serve(
     return server
 
 
+def _record(step: int, peers: dict[int, int], tokens: int, rows: list[int]) -> dict[str, Any]:
+    """The step record of an eager, unsplit step."""
+    return {
+        "step": step,
+        "peers": peers,
+        "tokens": tokens,
+        "rows": rows,
+        "graph": False,
+        "split": False,
+    }
+
+
 def test_steps_are_computed_on_the_sum_of_the_peers_tokens_and_recorded() -> None:
     failures: list[BaseException] = []
     connector = ScriptedConnector([(3, 5), (1, 1), (0, 2)])
     server = _serve(connector, failures)
     assert not failures
     assert server.recent_steps() == [
-        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [8, 8], "graph": False},
-        {"step": 1, "peers": {0: 1, 1: 1}, "tokens": 2, "rows": [2, 2], "graph": False},
-        {"step": 2, "peers": {0: 0, 1: 2}, "tokens": 2, "rows": [2, 2], "graph": False},
+        _record(0, {0: 3, 1: 5}, 8, [8, 8]),
+        _record(1, {0: 1, 1: 1}, 2, [2, 2]),
+        _record(2, {0: 0, 1: 2}, 2, [2, 2]),
     ]
     assert [(layer, out.shape[0]) for layer, out in connector.outputs] == [
         (1, 8),
@@ -171,9 +183,7 @@ def test_rows_record_what_arrived_not_what_was_announced() -> None:
     headers announced shows in it (the e2e tests compare the two)."""
     failures: list[BaseException] = []
     server = _serve(ScriptedConnector([(3, 5)], rows_sent=[7]), failures)
-    assert server.recent_steps() == [
-        {"step": 0, "peers": {0: 3, 1: 5}, "tokens": 8, "rows": [7, 7], "graph": False}
-    ]
+    assert server.recent_steps() == [_record(0, {0: 3, 1: 5}, 8, [7, 7])]
 
 
 def test_headers_of_another_shape_end_the_loop_with_the_error_kept() -> None:

@@ -201,17 +201,27 @@ def pair(request: pytest.FixtureRequest) -> Any:
     """(plane, FFN connector, Attention peer processes, their results, release event, the FFN
     side's NCCL stand-ins)."""
     plane = request.param
+    ffn, peers, results, release, made = _start_pair(plane, _attention_peer)
+    yield plane, ffn, peers, results, release, made
+    _stop_pair(ffn, peers, release)
+
+
+def _start_pair(plane: str, peer: Any) -> tuple[Any, list[Any], Any, Any, list[GlooPlaysNccl]]:
+    """Attention ranks 0 and 1 running ``peer`` in processes of their own, and the FFN connector
+    here: (FFN connector, peer processes, their results, release event, the FFN side's NCCL
+    stand-ins)."""
     context = multiprocessing.get_context("spawn")
     results, release, port = context.Queue(), context.Event(), free_port()
     peers = [
-        context.Process(target=_attention_peer, args=(plane, rank, port, results, release))
-        for rank in (0, 1)
+        context.Process(target=peer, args=(plane, rank, port, results, release)) for rank in (0, 1)
     ]
-    for peer in peers:
-        peer.start()
+    for process in peers:
+        process.start()
     made: list[GlooPlaysNccl] = []
-    ffn = _ffn_connector(plane, port, made)
-    yield plane, ffn, peers, results, release, made
+    return _ffn_connector(plane, port, made), peers, results, release, made
+
+
+def _stop_pair(ffn: Any, peers: list[Any], release: Any) -> None:
     release.set()
     for peer in peers:
         peer.join(30)
@@ -481,7 +491,7 @@ def _rank_and(payload: bytes | None) -> bytes:
             _rank_and(b'{"format": "afd-fingerprint/0", "version": "0.0.9"}'),
             30,
             "received a malformed fingerprint: format 'afd-fingerprint/0', expected "
-            "'afd-fingerprint/3'; it says it runs vllm-afd-overlay 0.0.9",
+            "'afd-fingerprint/4'; it says it runs vllm-afd-overlay 0.0.9",
         ),
         (
             _rank_and(
@@ -753,3 +763,91 @@ def test_an_attention_worker_whose_ffn_leaves_aborts_its_device_transfers() -> N
         if peer.is_alive():
             peer.kill()
     assert peer.exitcode == 0
+
+
+#: DBO test: Attention rank 1 splits its step into two micro-batches, rank 0 sends it whole
+SPLIT = {1: (2, 3)}
+
+
+def _dbo_attention_peer(
+    plane: str,
+    rank: int,
+    port: int,
+    results: multiprocessing.Queue,
+    release: multiprocessing.Event,
+) -> None:
+    """An Attention worker running one step, as vLLM's DBO runs a split one: each micro-batch in
+    a thread of its own, the two taking turns, each yielding between a layer's send and receive
+    (what ``vllm.v1.worker.ubatching`` does on CUDA, where it needs streams this CPU lacks)."""
+    made: list[GlooPlaysNccl] = []
+    connector = _attention_connector(plane, rank, port, made)
+    connector.set_layers(LAYERS)
+    exact: dict[tuple[int, int], bool] = {}
+    parts = SPLIT.get(rank, (TOKENS[rank],))
+    bounds = [(sum(parts[:u]), sum(parts[: u + 1])) for u in range(len(parts))]
+    turns = [threading.Event() for _ in parts]
+
+    def take_turn(ubatch: int) -> None:
+        assert turns[ubatch].wait(60), f"micro-batch {ubatch} never got its turn back"
+        turns[ubatch].clear()
+
+    def micro_batch(ubatch: int) -> None:
+        take_turn(ubatch)
+        start, stop = bounds[ubatch]
+        for layer in LAYERS:
+            hidden, logits = (t[start:stop] for t in _step_input(rank, 0, layer))
+            connector.send(layer, hidden, logits, ubatch=ubatch)
+            if len(parts) > 1:  # dbo_yield: the other micro-batch runs until it yields
+                turns[1 - ubatch].set()
+                take_turn(ubatch)
+            output = connector.recv(layer, hidden, ubatch=ubatch)
+            exact[(ubatch, layer)] = torch.equal(output, _expected(hidden, logits))
+        if len(parts) > 1:
+            turns[1 - ubatch].set()  # done: the other runs to its end
+
+    if len(parts) > 1:
+        connector.split_next_step(parts)
+    threads = [threading.Thread(target=micro_batch, args=(u,)) for u in range(len(parts))]
+    for thread in threads:
+        thread.start()
+    turns[0].set()
+    for thread in threads:
+        thread.join(90)
+    done = len(exact) == len(parts) * len(LAYERS) and all(exact.values())
+    results.put((rank, done, connector.stats.steps, made[0].transfers if made else None))
+    release.wait(60)
+    connector.close()
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_a_split_step_crosses_in_the_order_each_peer_posts_it(plane: str) -> None:
+    """DBO in 2A1F: one peer splits its step, the other does not. The FFN server serves the
+    step unit by unit, posting each peer's transfers in that peer's order; on the NCCL plane
+    (gloo pairing transfers by order, and a send waiting for its receive, as NCCL may) any other
+    order deadlocks into the timeout. Every micro-batch gets exactly its rows back, logits
+    included."""
+    from vllm.config import VllmConfig
+
+    from afd_models.ffn_server import serve_step
+
+    ffn, peers, results, release, _ = _start_pair(plane, _dbo_attention_peer)
+    model = SimpleNamespace(
+        compute_ffn_output=lambda layer, hidden, logits: _expected(hidden, logits)
+    )
+    try:
+        headers = ffn.wait_step(threading.Event())
+        assert [h.ubatches for h in headers] == [(3,), (2, 3)]
+        rows, from_graphs = serve_step(model, VllmConfig(), ffn, LAYERS, headers, sum(TOKENS))
+        assert rows == [sum(TOKENS)] * len(LAYERS) and not from_graphs
+        outcomes = sorted(results.get(timeout=60) for _ in peers)
+    finally:
+        _stop_pair(ffn, peers, release)
+    assert [outcome[:3] for outcome in outcomes] == [(0, True, 1), (1, True, 1)]
+    if plane == "nccl":
+        whole, split = (outcome[3] for outcome in outcomes)
+        # the whole peer: per layer one group, its receive with its sends (hidden and logits)
+        assert whole == [(False, 0, 3), (True, 0, 3), (True, 0, 3)] * len(LAYERS)
+        sent = {u: [(True, 0, n)] * 2 for u, n in enumerate(SPLIT[1])}
+        got = {u: [(False, 0, n)] for u, n in enumerate(SPLIT[1])}
+        # send, yield, receive: S0 S1 R0 S0' R1 S1' R0' R1'
+        assert split == sent[0] + sent[1] + got[0] + sent[0] + got[1] + sent[1] + got[0] + got[1]

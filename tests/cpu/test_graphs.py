@@ -5,6 +5,7 @@ and never captures; FFN graph keys (the per-peer split, not the total)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,18 @@ from afd_models.connectors.loopback import LoopbackConnector
 from afd_models.graphs import AttentionGraphSteps, FFNGraphKey, full_graph_call, replays_graphs
 
 FOUR = BatchDescriptor(num_tokens=4)
+
+
+class Announcing(LoopbackConnector):
+    """A loopback connector keeping the step headers it announces."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.announced: list[StepHeader] = []
+
+    def _send_header(self, header: StepHeader) -> None:
+        self.announced.append(header)
+        super()._send_header(header)
 
 
 def _call_in(mode: CUDAGraphMode, entries: dict, wrapper_mode: CUDAGraphMode = CUDAGraphMode.FULL):
@@ -41,14 +54,8 @@ def test_calls_vllm_neither_captures_nor_replays_are_left_alone() -> None:
 def test_attention_announces_replays_of_what_it_captured() -> None:
     """A capture runs the exchange (the loopback FFN half in its own forward context) without
     announcing a step; each replay announces the captured step with ``graph`` set."""
-    announced: list[StepHeader] = []
-
-    class Announcing(LoopbackConnector):
-        def _send_header(self, header: StepHeader) -> None:
-            announced.append(header)
-            super()._send_header(header)
-
     connector = Announcing(lambda layer, hidden, logits: hidden * layer)
+    announced = connector.announced
     connector.set_layers([1, 2])
     steps = AttentionGraphSteps(connector)
     x = torch.ones(4, 8)
@@ -82,3 +89,37 @@ def test_the_ffn_replays_only_when_every_peer_does() -> None:
     eager = StepHeader(0, 1, 8, torch.float32)
     assert replays_graphs([replaying, replaying])
     assert not replays_graphs([replaying, eager]) and not replays_graphs([])
+
+
+def test_split_steps_are_told_to_the_connector_captured_and_replayed() -> None:
+    """vLLM's micro-batch wrapper hands each split step to the graph steps (split_step, read from
+    the wrapper's own state): an eager split step and a captured one tell the connector the
+    split first (its header carries it), a replay announces the header kept at capture; eager
+    runs and replays count as splits, a capture as a capture."""
+    from afd_models.graphs import split_step
+
+    connector = Announcing(lambda layer, hidden, logits: hidden * layer)
+    announced = connector.announced
+    connector.set_layers([1])
+    steps = AttentionGraphSteps(connector)
+    slices = [SimpleNamespace(num_tokens=3), SimpleNamespace(num_tokens=5)]
+
+    def forward() -> None:  # the two micro-batches, as vLLM's threads take turns
+        for ubatch, rows in enumerate((3, 5)):
+            connector.send(1, torch.ones(rows, 8), None, ubatch=ubatch)
+        for ubatch, rows in enumerate((3, 5)):
+            assert connector.recv(1, torch.ones(rows, 8), ubatch=ubatch).shape == (rows, 8)
+
+    with split_step(steps, slices, CUDAGraphMode.NONE, {}):
+        forward()
+    with split_step(steps, slices, CUDAGraphMode.FULL, {}):
+        forward()  # a capture: nothing announced
+    with split_step(steps, slices, CUDAGraphMode.FULL, {8: object()}):
+        pass  # a replay runs no Python of the model
+    assert [(h.step, h.ubatches, h.graph) for h in announced] == [
+        (0, (3, 5), False),
+        (1, (3, 5), True),
+    ]
+    assert steps.counters.as_dict() == {"graph_captures": 1, "graph_replays": 1, "ubatch_splits": 2}
+    with split_step(None, slices, CUDAGraphMode.NONE, {}):
+        pass  # before the runner binds its steps: vLLM's own behaviour

@@ -6,9 +6,9 @@ The runs are tools/gpu_check.py's (the same checks as a script, for a GPU host w
 each engine in a fresh interpreter, for every mode the runtime supports (eager, piecewise CUDA
 graphs, FULL_DECODE_ONLY) and both gate placements. Greedy tokens must equal native vLLM's, and
 the worker's counters must fit the mode: a FULL_DECODE_ONLY run that never captured and replayed
-a graph fails, an eager run captures none. DBO is not supported yet; the script lists it and runs
-nothing for it. With two CUDA devices the two-process NCCL pair (FFN engine on the second) runs
-too; with one it is skipped with the reason.
+a graph fails, an eager run captures none. With two CUDA devices the two-process NCCL pair (FFN
+engine on the second) runs too, DBO among its modes (the loopback connector refuses DBO); with one
+it is skipped with the reason.
 
 Needs a CUDA device and vLLM 0.26.0's CUDA build (the ``gpu`` extra); skipped elsewhere with the
 reason (tests/conftest.py).
@@ -24,8 +24,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import gpu_check
 
-MODES = [mode.name for mode in gpu_check.runnable_modes()]
-NCCL_MODES = [mode.name for mode in gpu_check.runnable_modes() if mode.nccl]
+MODES = [mode.name for mode in gpu_check.MODES if mode.no_loopback is None]
+NCCL_MODES = [mode.name for mode in gpu_check.MODES if mode.nccl]
 GATES = pytest.mark.parametrize(
     "gate", list(gpu_check.Gate), ids=[f"gate-on-{gate.value}" for gate in gpu_check.Gate]
 )

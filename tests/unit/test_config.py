@@ -79,6 +79,24 @@ def test_full_config() -> None:
             "compute_gate_on_attention='yes' is not allowed; allowed: true or false",
         ),
         (
+            {"role": "attention", "dbo": "yes"},
+            "additional_config.afd.dbo='yes' is not allowed; allowed: true or false",
+        ),
+        (
+            {"role": "ffn", "dbo": True},
+            "additional_config.afd.dbo=true with additional_config.afd.role='ffn' is not allowed",
+        ),
+        (
+            {"role": "attention", "connector": "GlooAFDConnector", "dbo": True},
+            "dbo=true with additional_config.afd.connector='GlooAFDConnector' is not allowed: the "
+            "micro-batches overlap their exchanges with an FFN engine of its own, on CUDA; "
+            "allowed connectors: NcclAFDConnector",
+        ),
+        (
+            {"role": "attention", "connector": "LoopbackAFDConnector", "dbo": True},
+            "dbo=true with additional_config.afd.connector='LoopbackAFDConnector' is not allowed",
+        ),
+        (
             {"role": "ffn", "connector_extra_config": []},
             "connector_extra_config=[] is not allowed; allowed: a JSON object",
         ),
@@ -313,3 +331,9 @@ def test_a_connector_of_another_platform_is_refused(
 def test_loopback_runs_on_either_platform(platform: str) -> None:
     config = parse_afd_config({"role": "attention", "connector": "LoopbackAFDConnector"})
     check_connector_platform(config, platform)
+
+
+def test_dbo_is_an_attention_setting_of_the_nccl_connector() -> None:
+    section = {"role": "attention", "connector": "NcclAFDConnector", "dbo": True}
+    assert parse_afd_config(section, platform="cuda").dbo
+    assert not parse_afd_config({"role": "attention"}, platform="cuda").dbo

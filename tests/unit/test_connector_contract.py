@@ -39,19 +39,24 @@ class Recording(AFDConnector):
     def __init__(self) -> None:
         super().__init__()
         self.sent: list[tuple[str, object]] = []
-        self._out: dict[int, torch.Tensor] = {}
+        self._out: dict[tuple[int, int], torch.Tensor] = {}
 
     def _send_header(self, header: StepHeader) -> None:
         self.sent.append(("header", header))
 
     def _send_layer(
-        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        layer_idx: int,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        ubatch: int,
     ) -> None:
-        self.sent.append(("layer", (layer_idx, router_logits is not None)))
-        self._out[layer_idx] = hidden_states * 2
+        what = (layer_idx, router_logits is not None)
+        self.sent.append(("layer", what if not ubatch else (*what, ubatch)))
+        self._out[(ubatch, layer_idx)] = hidden_states * 2
 
-    def _recv_layer(self, layer_idx: int, like: torch.Tensor) -> torch.Tensor:
-        return self._out.pop(layer_idx)
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor, ubatch: int) -> torch.Tensor:
+        return self._out.pop((ubatch, layer_idx))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -67,13 +72,78 @@ def test_header_carries_the_graph_flag(graph: bool) -> None:
     assert StepHeader.decode(header.encode()).graph is graph
 
 
-@pytest.mark.parametrize("position", [0, 4, 7])
-def test_malformed_header_is_refused(position: int) -> None:
-    """A wrong magic, dtype code or graph flag is refused."""
-    values = StepHeader(0, 1, 8, torch.float32).encode()
-    values[position] = 9
+def test_header_carries_the_split() -> None:
+    """A split step's header names its first micro-batch; both come back as ``ubatches``."""
+    header = StepHeader(1, 10, 16, torch.float16, ubatch_tokens=4)
+    assert StepHeader.decode(header.encode()) == header
+    assert header.ubatches == (4, 6)
+    assert StepHeader(1, 10, 16, torch.float16).ubatches == (10,)
+
+
+@pytest.mark.parametrize(("position", "value"), [(0, 9), (4, 9), (7, 9), (8, 10), (8, -1)])
+def test_malformed_header_is_refused(position: int, value: int) -> None:
+    """A wrong magic, dtype code, graph flag or micro-batch split (a first micro-batch of all
+    the step's tokens or fewer than none) is refused."""
+    values = StepHeader(0, 10, 8, torch.float32).encode()
+    values[position] = value
     with pytest.raises(AFDConnectionError, match="malformed step header"):
         StepHeader.decode(values)
+
+
+def test_a_split_step_opens_once_with_its_split() -> None:
+    """With a split announced, micro-batch 0's first layer opens the step (one header for both,
+    with the split), the micro-batches send their layers interleaved, each in order, and the
+    next step is whole again."""
+    connector = Recording()
+    connector.set_layers([1, 2])
+    first, second = torch.ones(3, 8), torch.full((5, 8), 2.0)
+    connector.split_next_step([3, 5])
+    for layer in (1, 2):
+        connector.send(layer, first, None, ubatch=0)
+        connector.send(layer, second, None, ubatch=1)
+        assert torch.equal(connector.recv(layer, first, ubatch=0), first * 2)
+        assert torch.equal(connector.recv(layer, second, ubatch=1), second * 2)
+    assert connector.sent == [
+        ("header", StepHeader(0, 8, 8, torch.float32, ubatch_tokens=3)),
+        ("layer", (1, False)),
+        ("layer", (1, False, 1)),
+        ("layer", (2, False)),
+        ("layer", (2, False, 1)),
+    ]
+    assert connector.stats.as_dict()["exchanges"] == 4
+    connector.send(1, second, None)
+    assert connector.sent[-2] == ("header", StepHeader(1, 5, 8, torch.float32))
+    with pytest.raises(AFDConnectionError, match="micro-batch 1, but the step in progress has 1"):
+        connector.send(1, second, None, ubatch=1)
+
+
+def test_a_micro_batch_of_another_size_than_announced_is_an_error() -> None:
+    connector = Recording()
+    connector.set_layers([1])
+    connector.split_next_step([3, 5])
+    connector.send(1, torch.ones(3, 8), None, ubatch=0)
+    with pytest.raises(
+        AFDConnectionError, match="micro-batch 1 has 4 tokens, but its step announced 5"
+    ):
+        connector.send(1, torch.ones(4, 8), None, ubatch=1)
+    with pytest.raises(ValueError, match="two micro-batches of at least one token"):
+        connector.split_next_step([8])
+
+
+def test_a_captured_split_step_replays_with_its_split() -> None:
+    """A split step captured into a graph keeps its header (split included) by its total."""
+    connector = Recording()
+    connector.set_layers([1])
+    connector.split_next_step([2, 2])
+    with connector.capturing():
+        for ubatch in (0, 1):
+            connector.send(1, torch.ones(2, 8), None, ubatch=ubatch)
+            connector.recv(1, torch.ones(2, 8), ubatch=ubatch)
+    connector.announce_graph_step(4)
+    assert connector.sent[-1] == (
+        "header",
+        StepHeader(0, 4, 8, torch.float32, graph=True, ubatch_tokens=2),
+    )
 
 
 def test_first_remote_layer_opens_a_step() -> None:
@@ -127,9 +197,12 @@ def test_out_of_order_layer_is_an_error() -> None:
     x = torch.ones(2, 4)
     connector.send(1, x, None)
     with pytest.raises(
-        AFDConnectionError, match="layer 3 sent out of order; the FFN side expects layer 2"
+        AFDConnectionError,
+        match="layer 3 of micro-batch 0 sent out of order; the FFN side expects layer 2",
     ):
         connector.send(3, x, None)
+    with pytest.raises(AFDConnectionError, match="layer 2 of micro-batch 0 has 3 tokens"):
+        connector.send(2, torch.ones(3, 4), None)
 
 
 def test_unbound_connector_refuses() -> None:
@@ -165,10 +238,10 @@ def _fields(**changes: object) -> dict[str, object]:
         (ENGINE.encode()[:-1], "carries"),
         (b"\xff\xff\xff\xff", "announces 4294967295 bytes, more than the 1048576 allowed"),
         (b"\0\0\0\3abc", "not JSON"),
-        (_framed([1, 2]), "format None, expected 'afd-fingerprint/3'"),
+        (_framed([1, 2]), "format None, expected 'afd-fingerprint/4'"),
         (
             _framed(_fields(format="afd-fingerprint/1", version="0.3.0")),
-            "format 'afd-fingerprint/1', expected 'afd-fingerprint/3'; it says it runs vllm-afd-overlay 0.3.0",
+            "format 'afd-fingerprint/1', expected 'afd-fingerprint/4'; it says it runs vllm-afd-overlay 0.3.0",
         ),
         (_framed({k: v for k, v in _fields().items() if k != "dtype"}), "fields ["),
         (_framed(_fields(extra=1)), "'extra'"),

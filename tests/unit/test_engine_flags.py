@@ -95,7 +95,11 @@ REFUSED = {
     ),
     "dbo": (
         {"enable_dbo": True},
-        ["--enable-dbo=True", "allowed: no --enable-dbo and --ubatch-size 1"],
+        [
+            "--enable-dbo=True",
+            "allowed: no --enable-dbo and --ubatch-size 1",
+            "additional_config.afd.dbo=true on the Attention engine",
+        ],
     ),
     "micro-batches": ({"ubatch_size": 2}, ["--ubatch-size=2", "allowed:"]),
     "eplb": ({"enable_eplb": True}, ["--enable-eplb", "allowed: leave --enable-eplb off"]),
@@ -160,3 +164,11 @@ def test_prefix_caching_is_refused_on_the_ffn_engine_only() -> None:
     with pytest.raises(AFDConfigError) as error:
         refuse_unsupported(engine(enable_prefix_caching=True), afd("ffn"))
     assert "add --no-enable-prefix-caching to the FFN engine" in str(error.value)
+
+
+def test_dbo_runs_on_cuda_only() -> None:
+    """The AFD section's DBO needs vLLM's CUDA micro-batch threads: refused elsewhere by name."""
+    section = afd("attention", connector="NcclAFDConnector", dbo=True)
+    with pytest.raises(AFDConfigError, match=r"additional_config.afd.dbo=true is not supported on"):
+        refuse_unsupported(engine(), section)
+    refuse_unsupported(engine(), section, is_cuda=True)

@@ -51,6 +51,7 @@ def _native(**changes: Any) -> EngineResult:
 def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
     """An AFD result that passes every check of ``mode``."""
     graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
+    splits = 3 if mode.ubatch_splits is gpu_check.Expect.POSITIVE else 0
     base = EngineResult(
         "afd",
         ok=True,
@@ -58,7 +59,7 @@ def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
         tokens=TOKENS,
         tokens_per_run=96,
         timed_s=(1.0, 0.8, 1.2),
-        counters=Counters(graphs, graphs * 10, 0),
+        counters=Counters(graphs, graphs * 10, splits),
         connector_stats={"steps": 40, "exchanges": 120, "mean_round_trip_s": 1e-4, "bytes_sent": 9},
         exchange_latency_s=1.25e-4,
         budgeted_bytes=2_000_000,
@@ -69,11 +70,12 @@ def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
 
 def _ffn(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
     graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
+    splits = 3 if mode.ubatch_splits is gpu_check.Expect.POSITIVE else 0
     base = EngineResult(
         "ffn",
         ok=True,
         classes=gpu_check.FFN_CLASSES,
-        counters=Counters(graphs, graphs, 0),
+        counters=Counters(graphs, graphs, splits),
         ffn_steps=40,
     )
     return dataclasses.replace(base, **changes)
@@ -127,12 +129,11 @@ def test_help_imports_only_the_standard_library(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--only", "bogus"], ["'bogus'", "allowed: eager, piecewise, full-decode-only"]),
-        (["--only", "dbo"], ["'dbo'", "not supported yet", "allowed: eager, piecewise"]),
+        (["--only", "bogus"], ["'bogus'", "allowed: eager, piecewise, full-decode-only, dbo"]),
         (["--gate", "both-ways"], ["'both-ways'", "allowed: attention, ffn"]),
         (["--engine-timeout", "0"], ["--engine-timeout 0.0", "seconds > 0"]),
     ],
-    ids=["unknown-mode", "dbo", "unknown-gate", "zero-timeout"],
+    ids=["unknown-mode", "unknown-gate", "zero-timeout"],
 )
 def test_bad_arguments_exit_2_naming_the_value_and_the_allowed_ones(
     argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]
@@ -184,17 +185,18 @@ def test_only_and_gate_select_in_table_order() -> None:
     assert [m.name for m in options.modes] == ["eager", "full-decode-only"]
     assert options.gates == (Gate.FFN,)
     default = gpu_check.options_from(gpu_check.build_parser().parse_args([]))
-    assert [m.name for m in default.modes] == ["eager", "piecewise", "full-decode-only"]
+    assert [m.name for m in default.modes] == ["eager", "piecewise", "full-decode-only", "dbo"]
     assert default.gates == (Gate.ATTENTION, Gate.FFN)
 
 
-def test_dbo_is_listed_but_never_runnable() -> None:
-    """DBO stays in the table with its reason, outside the runnable modes (one entry to enable)."""
+def test_dbo_runs_in_the_nccl_pair_only_from_the_afd_section() -> None:
+    """DBO is switched on by the Attention engine's AFD section, never by --enable-dbo (which
+    native vLLM takes only with a DeepEP all2all backend); it must split, and the loopback pair
+    refuses it with the reason."""
     dbo = gpu_check.mode_named("dbo")
-    assert dbo.unsupported is not None and "--enable-dbo" in dbo.unsupported
-    assert dbo not in gpu_check.runnable_modes()
-    assert dbo.ubatch_splits is gpu_check.Expect.POSITIVE
-    with pytest.raises(ValueError, match="not supported yet"):
+    assert dbo.afd == {"dbo": True} and "enable_dbo" not in dbo.engine_args
+    assert dbo.nccl and dbo.ubatch_splits is gpu_check.Expect.POSITIVE
+    with pytest.raises(ValueError, match="runs in the NCCL pair only: an in-process FFN half"):
         gpu_check.run_pair(dbo, Gate.FFN, Setup(Path("/nowhere"), Path("/nowhere"), {}, ONE_GPU))
 
 
@@ -431,7 +433,8 @@ def _check(
 
 
 def test_one_gpu_runs_every_mode_and_gate_once_each_and_skips_nccl() -> None:
-    """Native runs once per mode and serves both gates; DBO is not run; NCCL is a labelled skip."""
+    """Native runs once per mode and serves both gates; DBO (NCCL pair only) is not run, not even
+    its native engine; NCCL is a labelled skip."""
     runner = FakeRunner()
     report = _check(ONE_GPU, runner)
     assert runner.natives == ["eager", "piecewise", "full-decode-only"]
@@ -441,10 +444,11 @@ def test_one_gpu_runs_every_mode_and_gate_once_each_and_skips_nccl() -> None:
     assert all(native.name == f"native-{m}" for m, _, native in runner.pairs)
     assert runner.nccl == []
     statuses = {entry.mode.name: entry.status for entry in report.modes}
-    assert statuses["dbo"] is ModeStatus.NOT_SUPPORTED
+    assert statuses["dbo"] is ModeStatus.NCCL_ONLY
     assert report.nccl.status is NcclStatus.SKIPPED and "two CUDA devices" in report.nccl.reason
     assert report.exit_code() == 0
     assert "0 failed" in report.summary() and "skipped: NCCL pair" in report.summary()
+    assert "not run (NCCL pair only): dbo" in report.summary()
 
 
 def test_two_gpus_run_the_nccl_pair_against_the_same_native() -> None:
@@ -454,10 +458,11 @@ def test_two_gpus_run_the_nccl_pair_against_the_same_native() -> None:
     assert [(m, g) for m, g, _ in runner.nccl] == [
         ("eager", Gate.ATTENTION),
         ("full-decode-only", Gate.ATTENTION),
+        ("dbo", Gate.ATTENTION),
     ]
     assert all(native.name == f"native-{m}" for m, _, native in runner.nccl)
     assert report.nccl.status is NcclStatus.RAN and report.exit_code() == 0
-    assert len(report.runs()) == 3 + 2
+    assert len(report.runs()) == 3 + 3
 
 
 def test_skip_nccl_and_unselected_modes_are_reported_as_such() -> None:
@@ -469,7 +474,7 @@ def test_skip_nccl_and_unselected_modes_are_reported_as_such() -> None:
         "eager": ModeStatus.NOT_SELECTED,
         "piecewise": ModeStatus.RAN,
         "full-decode-only": ModeStatus.NOT_SELECTED,
-        "dbo": ModeStatus.NOT_SUPPORTED,
+        "dbo": ModeStatus.NOT_SELECTED,
     }
     assert report.nccl.reason == "--skip-nccl"
 
@@ -488,7 +493,8 @@ def test_report_text() -> None:
     text = gpu_check.render(_check(ONE_GPU, FakeRunner()))
     for column in gpu_check.COLUMNS:
         assert column in text
-    assert "== dbo: not supported yet: the AFD workers refuse --enable-dbo" in text
+    assert "== dbo: NCCL pair only: an in-process FFN half would compute inside" in text
+    assert "the NCCL pair is skipped: needs two CUDA devices" in text
     assert "NCCL pair (two processes): SKIPPED: needs two CUDA devices, found 1" in text
     full = text[text.index("== full-decode-only") : text.index("== dbo")]
     eager = text[text.index("== eager") : text.index("== piecewise")]
@@ -533,7 +539,7 @@ def test_json_report_shape(tmp_path: Path) -> None:
     assert data["device"] == {"name": "NVIDIA H200", "count": 1, "all": ["NVIDIA H200"]}
     modes = {entry["mode"]: entry for entry in data["modes"]}
     assert set(modes["dbo"]) == {"mode", "status", "reason"}
-    assert modes["dbo"]["status"] == "not supported yet"
+    assert modes["dbo"]["status"] == "NCCL pair only"
     runs = modes["eager"]["runs"]
     assert [run["gate"] for run in runs] == ["attention", "ffn"]
     assert [run["passed"] for run in runs] == [True, True]

@@ -297,3 +297,18 @@ def test_platform_package_is_the_out_of_tree_platforms_package() -> None:
     """vLLM's own platforms have no patches to apply; an out-of-tree one names its package."""
     assert platform_package(_InTree()) is None
     assert platform_package(_OutOfTree()) == __name__.partition(".")[0]
+
+
+def test_a_module_import_is_a_symbol_of_its_own() -> None:
+    """A generated module that imports a whole module records it as ``module:`` (a forked body
+    using ``torch.tensor``); the import check loads it instead of crashing on the key."""
+    from codegen.checks.runtime import check_imports, load
+    from codegen.model import SymbolRef
+
+    ref = SymbolRef.parse("json:")
+    assert ref == SymbolRef("json", "") and str(ref) == "json:"
+    assert load(ref) is json
+    entry = {"kind": "external", "roles": ["generated_import"], "used_by": ["m:json"]}
+    assert list(check_imports({"json:": entry})) == []
+    with pytest.raises(ValueError, match="not a 'module:Name' reference"):
+        SymbolRef.parse("json")

@@ -19,7 +19,6 @@ from afd_models.topology import (
     group_of_attention,
     group_of_ffn,
     groups,
-    peer_slices,
     role_rank,
 )
 
@@ -129,14 +128,6 @@ def test_ffn_token_counts_sum_each_ffn_ranks_own_peers(a: int, f: int) -> None:
 def test_ffn_token_counts_examples(counts: list[int], f: int, expected: dict[int, int]) -> None:
     """4A2F [3, 5, 7, 11] -> [8, 18]; 3A2F [3, 5, 7] -> [8, 7]; 5A2F; an idle peer counts 0."""
     assert ffn_token_counts(dict(enumerate(counts)), len(counts), f) == expected
-
-
-def test_peer_rows_follow_the_raw_counts() -> None:
-    """Each peer's rows of its FFN rank's batch are sized by that peer's own count (4A2F, 3A2F)."""
-    counts = [3, 5, 7, 11]
-    assert peer_slices(counts, groups(4, 2, 1000)[1]) == [slice(0, 7), slice(7, 18)]
-    assert peer_slices({2: 7}, groups(3, 2, 1000)[1]) == [slice(0, 7)]
-    assert peer_slices({0: 3, 1: 5}, groups(3, 2, 1000)[0]) == [slice(0, 3), slice(3, 8)]
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,17 @@ connector to the model's remote proxies; the FFN runner loads the FFN half, conn
 steps.
 """
 
-from vllm.compilation.cuda_graph import CUDAGraphWrapper
+import numpy as np
+import torch
+from vllm.compilation.cuda_graph import CUDAGraphStat, CUDAGraphWrapper
+from vllm.config import CUDAGraphMode
 from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.forward_context import BatchDescriptor
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
 from afd_models.connectors.factory import connect_ffn, prepare_attention
+from afd_models.dbo import split_single_rank
 from afd_models.ffn_server import FFNServer
 from afd_models.generated import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, CudaGraphs, FFNGraphs
@@ -61,6 +67,70 @@ class AFDAttentionModelRunner(CPUModelRunner):
                 self.model.unwrap(), self.vllm_config, runtime_mode=self.model.runtime_mode
             )
             self.model.bind_afd_steps(self.afd_graph_steps)
+        elif type(self.model) is UBatchWrapper:
+            # DBO: vLLM's micro-batch wrapper, replaced by the AFD one that tells the connector
+            # how each step is split (and announces replays)
+            mode = (
+                CUDAGraphMode.NONE if self.model.cudagraph_wrapper is None else CUDAGraphMode.FULL
+            )
+            wrapper = generated_subclass("AFDUBatchWrapper", UBatchWrapper)
+            self.model = wrapper(self.model.unwrap(), self.vllm_config, mode, self.device)
+            self.model.bind_afd_steps(self.afd_graph_steps)
+
+    @override
+    def _determine_batch_execution_and_padding(
+        self,
+        num_tokens: int,
+        num_reqs: int,
+        num_scheduled_tokens_np: np.ndarray,
+        max_num_scheduled_tokens: int,
+        use_cascade_attn: bool,
+        allow_microbatching: bool = True,
+        force_eager: bool = False,
+        force_uniform_decode: bool | None = None,
+        force_has_lora: bool | None = None,
+        force_num_active_loras: int | None = None,
+        num_encoder_reqs: int = 0,
+    ) -> tuple[
+        CUDAGraphMode,
+        BatchDescriptor,
+        bool,
+        torch.Tensor | None,
+        CUDAGraphStat | None,
+    ]:
+        decided = super()._determine_batch_execution_and_padding(
+            num_tokens,
+            num_reqs,
+            num_scheduled_tokens_np,
+            max_num_scheduled_tokens,
+            use_cascade_attn,
+            allow_microbatching=allow_microbatching,
+            force_eager=force_eager,
+            force_uniform_decode=force_uniform_decode,
+            force_has_lora=force_has_lora,
+            force_num_active_loras=force_num_active_loras,
+            num_encoder_reqs=num_encoder_reqs,
+        )
+        if not self.parallel_config.use_ubatching or self.parallel_config.data_parallel_size > 1:
+            return decided  # vLLM decides across its DP ranks
+        mode, descriptor, _, across_dp, stats = decided
+        # one DP rank: vLLM never splits, the AFD engine decides by vLLM's own thresholds
+        uniform_decode = self._is_uniform_decode(
+            max_num_scheduled_tokens=max_num_scheduled_tokens,
+            uniform_decode_query_len=self.uniform_decode_query_len,
+            num_tokens=num_tokens,
+            num_reqs=num_reqs,
+            force_uniform_decode=force_uniform_decode,
+        )
+        split = split_single_rank(
+            self.parallel_config,
+            allow_microbatching=allow_microbatching,
+            num_tokens=num_tokens,
+            num_tokens_padded=descriptor.num_tokens,
+            uniform_decode=uniform_decode,
+            full_graph=mode is CUDAGraphMode.FULL,
+        )
+        return mode, descriptor, split, across_dp, stats
 
     @override
     def shutdown(self) -> None:
