@@ -140,3 +140,18 @@ def test_the_ffn_side_posts_each_peers_transfers_in_that_peers_order(
             (mirror[op], layer, ub) for op, layer, ub in _attention_order(layers, len(split))
         ]
         assert ffn[peer] == expected
+
+
+def test_micro_batches_keep_every_sm() -> None:
+    """vLLM's wrapper reserves SMs for an all2all kernel (a CUDA-only context); the AFD wrapper,
+    whose exchange runs no such kernel, reserves none and needs no device for it."""
+    from vllm.config import VllmConfig
+    from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
+
+    from afd_models.generated import generated_subclass
+
+    wrapper = generated_subclass("AFDUBatchWrapper", UBatchWrapper)
+    with wrapper._create_sm_control_context(VllmConfig()):
+        pass
+    with pytest.raises(AssertionError, match="SM/CU control"):
+        UBatchWrapper._create_sm_control_context(VllmConfig())

@@ -1,8 +1,8 @@
 """AFD edits to vLLM's micro-batch wrapper (``vllm/v1/worker/gpu_ubatch_wrapper.py``, DBO).
 
 With ``additional_config.afd.dbo`` vLLM wraps the Attention model in its ``UBatchWrapper``; the AFD
-Attention runner puts this subclass in its place once the model is loaded. It differs in two
-places of ``__call__``:
+Attention runner puts this subclass in its place once the model is loaded. It reserves no SMs
+for communication kernels (the exchange runs none), and differs in two places of ``__call__``:
 
 - an engine of one DP rank has no DP metadata to slice (vLLM splits only across DP ranks, the
   AFD runner splits one rank alone), so each micro-batch gets none;
@@ -14,11 +14,14 @@ Steps it does not split go, as in vLLM, to the model or to the FULL-graph wrappe
 is the AFD one (announcing its replays) once :meth:`bind_afd_steps` ran.
 """
 
+import contextlib
+
+from vllm.config import VllmConfig
 from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
 from afd_models.generated import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, split_step  # noqa: F401 (edit code)
-from codegen.markers import extend, fork, subclass, wrap
+from codegen.markers import extend, fork, override, subclass, wrap
 
 
 @subclass()
@@ -38,6 +41,13 @@ class AFDUBatchWrapper(UBatchWrapper):
                 self.runnable, self.vllm_config, runtime_mode=self.cudagraph_wrapper.runtime_mode
             )
             self.cudagraph_wrapper.bind_afd_steps(steps)
+
+    @override
+    @staticmethod
+    def _create_sm_control_context(vllm_config: VllmConfig):
+        # vLLM reserves SMs for an all2all kernel during micro-batches and takes them from
+        # DeepGEMM; the AFD exchange runs no such kernel, so compute keeps every SM
+        return contextlib.nullcontext()
 
     @fork(
         wrap(
