@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from afd_models.connectors.base import StepHeader
+from afd_models.connectors.base import StepHeader, peers_with
 
 
 def split_single_rank(
@@ -78,7 +78,7 @@ def split_step_units(layers: Sequence[int], headers: Sequence[StepHeader]) -> li
     """The units of a step, in the order the FFN side computes them."""
     most = max(len(h.ubatches) for h in headers)
     return [
-        Unit(layer, ubatch, tuple(p for p, h in enumerate(headers) if ubatch < len(h.ubatches)))
+        Unit(layer, ubatch, peers_with(headers, ubatch))
         for layer in layers
         for ubatch in range(most)
     ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -198,8 +197,8 @@ class FFNServer:
         self.group = connector.group  # its peers, in the order of their step headers
         self.on_failure = on_failure
         self.steps = 0
-        #: steps some peer split into micro-batches
-        self.ubatch_splits = 0
+        #: the FFN graphs' counters (its own when the server runs eagerly), splits counted here
+        self._counters = graphs.counters if graphs is not None else GraphCounters()
         self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_STEPS)
         self._recent_lock = threading.Lock()  # read from the worker's RPC thread
         self.error: BaseException | None = None
@@ -247,7 +246,7 @@ class FFNServer:
                 self.graphs,
             )
             split = any(h.ubatch_tokens for h in headers)
-            self.ubatch_splits += split
+            self._counters.ubatch_splits += split
             with self._recent_lock:
                 self._recent.append(
                     {
@@ -273,8 +272,7 @@ class FFNServer:
     def counters(self) -> dict[str, int]:
         """Graph captures and replays of the FFN graphs (zeros when the server runs eagerly), and
         the steps some peer split into micro-batches."""
-        graphs = self.graphs.counters if self.graphs is not None else GraphCounters()
-        return dataclasses.replace(graphs, ubatch_splits=self.ubatch_splits).as_dict()
+        return self._counters.as_dict()
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

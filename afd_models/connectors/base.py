@@ -216,6 +216,11 @@ class Fingerprint:
         return cls(**values)
 
 
+def peers_with(headers: Sequence[StepHeader], ubatch: int) -> tuple[int, ...]:
+    """Positions (in peer order) of the peers whose step has micro-batch ``ubatch``."""
+    return tuple(p for p, h in enumerate(headers) if ubatch < len(h.ubatches))
+
+
 def peer_counts(group: Group, headers: Sequence[StepHeader]) -> dict[int, int]:
     """Attention rank -> the tokens its step header announced (``headers`` in the group's peer order)."""
     return {rank: h.num_tokens for rank, h in zip(group.attention_ranks, headers, strict=True)}
@@ -501,8 +506,7 @@ class FFNConnector(ABC):
 
     def recv(self, layer_idx: int, ubatch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Receive ``layer_idx``'s micro-batch ``ubatch`` from every peer that has it."""
-        peers = [p for p, h in enumerate(self.headers) if ubatch < len(h.ubatches)]
-        self.start_recv(layer_idx, ubatch, peers)()
+        self.start_recv(layer_idx, ubatch, peers_with(self.headers, ubatch))()
         return self.received(layer_idx, ubatch)
 
     @abstractmethod

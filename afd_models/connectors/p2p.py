@@ -62,6 +62,7 @@ from afd_models.connectors.base import (
     Fingerprint,
     StepHeader,
     compare_fingerprints,
+    peers_with,
 )
 from afd_models.log import get_logger
 from afd_models.topology import Group
@@ -710,12 +711,11 @@ class P2PFFNConnector(FFNConnector):
 
     def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
         transfers, start = [], 0
-        for peer, header in zip(self.peers, self.headers, strict=True):
-            if ubatch < len(header.ubatches):
-                rows = header.ubatches[ubatch]
-                tag = layer_tag(layer_idx, ubatch=ubatch)
-                transfers.append(Transfer(True, output[start : start + rows], peer, tag))
-                start += rows
+        for index in peers_with(self.headers, ubatch):
+            rows = self.headers[index].ubatches[ubatch]
+            tag = layer_tag(layer_idx, ubatch=ubatch)
+            transfers.append(Transfer(True, output[start : start + rows], self.peers[index], tag))
+            start += rows
         self._group.start(transfers, f"send of layer {layer_idx}{_of(ubatch)}")()
 
     def interrupt(self) -> None:

@@ -6,6 +6,7 @@ its thread computes on (a fake accelerator module stands in for ``torch.cuda``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 import torch
 from vllm.config import VllmConfig
 
-from afd_models.connectors.base import AFDConnectionError, StepHeader
+from afd_models.connectors.base import AFDConnectionError, StepHeader, peers_with
 from afd_models.ffn_server import FFNServer
 from afd_models.graphs import FFNGraphKey, FFNGraphs
 from afd_models.topology import group_of_ffn
@@ -282,3 +283,38 @@ def test_without_graphs_a_replaying_peer_is_served_eagerly() -> None:
     server = _serve(ScriptedConnector([(1, 3)], graphs=[(True, True)]), failures)
     assert not failures and server.recent_steps()[0]["graph"] is False
     assert server.counters() == {"graph_captures": 0, "graph_replays": 0, "ubatch_splits": 0}
+
+
+class SplitScripted(ScriptedConnector):
+    """A scripted connector whose steps' peer 1 splits into micro-batches of 1 and 2 tokens
+    (``ubatch_tokens`` 1) while peer 0 sends its 3 whole; receives give each unit's rows."""
+
+    def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
+        headers = super().wait_step(stop)
+        if headers is not None:
+            headers = [headers[0], dataclasses.replace(headers[1], ubatch_tokens=1)]
+            self.headers = headers
+        return headers
+
+    def start_recv(self, layer_idx: int, ubatch: int, peers: tuple[int, ...]) -> Any:
+        return lambda: None
+
+    def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rows = sum(self.headers[p].ubatches[ubatch] for p in peers_with(self.headers, ubatch))
+        return torch.full((rows, HIDDEN), float(layer_idx)), None
+
+    def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
+        self.outputs.append((layer_idx, output))
+
+
+def test_split_steps_are_counted_and_recorded() -> None:
+    """A step a peer split runs unit by unit (both micro-batches' rows per layer), counts in
+    ``ubatch_splits`` and is marked ``split``; an unsplit one is not."""
+    failures: list[BaseException] = []
+    server = _serve(SplitScripted([(3, 3), (3, 3)]), failures)
+    assert not failures
+    assert [(step["rows"], step["split"]) for step in server.recent_steps()] == [
+        ([6, 6], True),
+        ([6, 6], True),
+    ]
+    assert server.counters() == {"graph_captures": 0, "graph_replays": 0, "ubatch_splits": 2}

@@ -48,10 +48,15 @@ def _native(**changes: Any) -> EngineResult:
     return dataclasses.replace(base, **changes)
 
 
-def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
-    """An AFD result that passes every check of ``mode``."""
+def _counters(mode: gpu_check.Mode, replays_per_capture: int) -> Counters:
+    """Counters that fit ``mode``: graphs and splits where it needs them, none where it must not."""
     graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
     splits = 3 if mode.ubatch_splits is gpu_check.Expect.POSITIVE else 0
+    return Counters(graphs, graphs * replays_per_capture, splits)
+
+
+def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
+    """An AFD result that passes every check of ``mode``."""
     base = EngineResult(
         "afd",
         ok=True,
@@ -59,7 +64,7 @@ def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
         tokens=TOKENS,
         tokens_per_run=96,
         timed_s=(1.0, 0.8, 1.2),
-        counters=Counters(graphs, graphs * 10, splits),
+        counters=_counters(mode, 10),
         connector_stats={"steps": 40, "exchanges": 120, "mean_round_trip_s": 1e-4, "bytes_sent": 9},
         exchange_latency_s=1.25e-4,
         budgeted_bytes=2_000_000,
@@ -69,13 +74,11 @@ def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
 
 
 def _ffn(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
-    graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
-    splits = 3 if mode.ubatch_splits is gpu_check.Expect.POSITIVE else 0
     base = EngineResult(
         "ffn",
         ok=True,
         classes=gpu_check.FFN_CLASSES,
-        counters=Counters(graphs, graphs, splits),
+        counters=_counters(mode, 1),
         ffn_steps=40,
     )
     return dataclasses.replace(base, **changes)
