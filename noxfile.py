@@ -7,6 +7,8 @@ Two kinds of environment:
   run in it;
 * small nox venvs (`reuse_venv`) for the source-only tools: `regenerate`, `drift`, `audit` read
   upstream vLLM from its wheel in the download cache and never import it; `lint` runs ruff and mypy.
+
+`npu-check` runs in neither: it uses the interpreter nox runs under, the operator's NPU environment.
 """
 
 from __future__ import annotations
@@ -124,3 +126,9 @@ def benchmarks(session: nox.Session) -> None:
     names = session.posargs or ["codegen_speed", "proxy_overhead", "serving", "drift_quality"]
     for name in names:
         session.run(python, f"benchmarks/{name}.py", external=True)
+
+
+@nox.session(name="npu-check", venv_backend="none", default=False)
+def npu_check(session: nox.Session) -> None:
+    """Validate an Ascend NPU install (run `python -m nox` with the NPU environment's Python): codegen check with vLLM-Ascend's patches, one-layer parity."""
+    session.run(sys.executable, "tools/npu_check.py", *session.posargs, external=True)

@@ -27,6 +27,8 @@ AFD_KEY = "afd"
 #: the longest timeout a setting may ask for (one year): far below what ``datetime.timedelta``,
 #: ``select`` and the gloo/TCPStore millisecond timeouts can hold
 MAX_TIMEOUT_S = 365 * 24 * 3600.0
+#: the most AIV cores a CAM kernel may ask for (an Ascend 910 die has 48)
+MAX_CORE_NUM = 48
 
 #: one label of an RFC 1123 host name: letters, digits and inner hyphens, 1 to 63 characters
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -58,11 +60,41 @@ class LoopbackExtraConfig:
     """``connector_extra_config`` of the in-process loopback connector (no settings)."""
 
 
+@dataclass(frozen=True)
+class CAMP2PExtraConfig(P2PExtraConfig):
+    """``connector_extra_config`` of the CAMP2P connector (Ascend NPU): the point-to-point
+    timeouts, the vector cores its A2E/E2A kernels run on, and the FFN role's force load balance
+    (read by :mod:`afd_models.force_load_balance`)."""
+
+    #: AIV (vector) cores each A2E/E2A kernel launch uses
+    core_num: int = 8
+    #: FFN role: replace the router's choice by an evenly spread expert cycle (profiling only)
+    force_load_balance: bool = False
+    #: 0: the cycle spans every expert; N > 0: each EP rank's first N local experts
+    force_load_balance_topn_per_rank: int = 0
+
+
+@dataclass(frozen=True)
+class CAMAsyncExtraConfig:
+    """``connector_extra_config`` of the CAM async connector (Ascend NPU, gate on Attention)."""
+
+    #: seconds to wait for every rank of the CAM world at start-up
+    connect_timeout_s: float = 300.0
+    #: the CAM dispatch quantizes routed activations to int8 with per-token scales
+    dynamic_quant: bool = False
+    #: FFN role: replace the router's choice by an evenly spread expert cycle (profiling only)
+    force_load_balance: bool = False
+    #: 0: the cycle spans every expert; N > 0: each EP rank's first N local experts
+    force_load_balance_topn_per_rank: int = 0
+
+
 #: connector name -> the type of its ``connector_extra_config``
 CONNECTORS: dict[str, type] = {
     "GlooAFDConnector": P2PExtraConfig,
     "NcclAFDConnector": P2PExtraConfig,
     "LoopbackAFDConnector": LoopbackExtraConfig,
+    "CAMP2PAFDConnector": CAMP2PExtraConfig,
+    "CAMAsyncAFDConnector": CAMAsyncExtraConfig,
 }
 #: connectors that run the FFN half inside the Attention engine: refused for the FFN role
 ATTENTION_ONLY_CONNECTORS: frozenset[str] = frozenset({"LoopbackAFDConnector"})
@@ -70,14 +102,24 @@ ATTENTION_ONLY_CONNECTORS: frozenset[str] = frozenset({"LoopbackAFDConnector"})
 CONNECTOR_PLATFORMS: dict[str, tuple[str, ...]] = {
     "GlooAFDConnector": ("cpu",),
     "NcclAFDConnector": ("cuda",),
-    "LoopbackAFDConnector": ("cpu", "cuda"),
+    "LoopbackAFDConnector": ("cpu", "cuda", "npu"),
+    "CAMP2PAFDConnector": ("npu",),
+    "CAMAsyncAFDConnector": ("npu",),
 }
+#: connectors whose exchanges carry the MoE layers' routing: they need the gate on Attention
+GATE_ON_ATTENTION_CONNECTORS: frozenset[str] = frozenset({"CAMAsyncAFDConnector"})
+#: connectors whose exchanges carry hidden states only (CAMP2P's kernels move no router logits)
+GATE_ON_FFN_CONNECTORS: frozenset[str] = frozenset({"CAMP2PAFDConnector"})
 #: connectors that serve DBO micro-batches: an FFN half in another process. In-process (loopback)
 #: it would compute inside vLLM's micro-batch threads, where vLLM's MoE kernels refuse to run
 #: (``assert not dbo_enabled()`` without an async all2all), and gloo moves no CUDA tensors
 DBO_CONNECTORS: frozenset[str] = frozenset({"NcclAFDConnector"})
 #: the connector of a section that names none, by platform
-PLATFORM_CONNECTORS: dict[str, str] = {"cpu": "GlooAFDConnector", "cuda": "NcclAFDConnector"}
+PLATFORM_CONNECTORS: dict[str, str] = {
+    "cpu": "GlooAFDConnector",
+    "cuda": "NcclAFDConnector",
+    "npu": "CAMP2PAFDConnector",
+}
 
 
 @dataclass(frozen=True)
@@ -196,13 +238,37 @@ def _seconds(key: str, value: object) -> float:
     return float(value)
 
 
+def _core_num(key: str, value: object) -> int:
+    return _integer(key, value, 1, MAX_CORE_NUM)
+
+
+def _expert_count(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} is not allowed; allowed: an integer >= 0 (0: spread over "
+            "all experts)"
+        )
+    return value
+
+
+_P2P_FIELDS: dict[str, Callable[[str, object], object]] = {
+    "connect_timeout_s": _seconds,
+    "timeout_s": _seconds,
+    "idle_timeout_s": _seconds,
+}
+_FORCE_LOAD_BALANCE_FIELDS: dict[str, Callable[[str, object], object]] = {
+    "force_load_balance": _boolean,
+    "force_load_balance_topn_per_rank": _expert_count,
+}
 _EXTRA_FIELDS: dict[type, dict[str, Callable[[str, object], object]]] = {
-    P2PExtraConfig: {
-        "connect_timeout_s": _seconds,
-        "timeout_s": _seconds,
-        "idle_timeout_s": _seconds,
-    },
+    P2PExtraConfig: _P2P_FIELDS,
     LoopbackExtraConfig: {},
+    CAMP2PExtraConfig: {**_P2P_FIELDS, "core_num": _core_num, **_FORCE_LOAD_BALANCE_FIELDS},
+    CAMAsyncExtraConfig: {
+        "connect_timeout_s": _seconds,
+        "dynamic_quant": _boolean,
+        **_FORCE_LOAD_BALANCE_FIELDS,
+    },
 }
 
 
@@ -337,6 +403,19 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             f"{_where('dbo')}=true with {_where('connector')}={connector!r} is not allowed: the "
             "micro-batches overlap their exchanges with an FFN engine of its own, on CUDA; "
             f"allowed connectors: {', '.join(sorted(DBO_CONNECTORS))}"
+        )
+    gate = config.compute_gate_on_attention
+    if (connector in GATE_ON_ATTENTION_CONNECTORS and not gate) or (
+        connector in GATE_ON_FFN_CONNECTORS and gate
+    ):
+        raise AFDConfigError(
+            f"{_where('compute_gate_on_attention')}={'true' if gate else 'false'} with "
+            f"{_where('connector')}={connector!r} is not allowed: "
+            + (
+                "its dispatch routes each token to its experts on Attention; allowed: true"
+                if connector in GATE_ON_ATTENTION_CONNECTORS
+                else "its kernels carry hidden states only, no router logits; allowed: false"
+            )
         )
     a, f, port = config.num_attention_ranks, config.num_ffn_ranks, config.port
     try:

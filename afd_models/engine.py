@@ -164,6 +164,13 @@ def refuse_unsupported(
     """
     parallel = vllm_config.parallel_config
     role = afd.role.value
+    if afd.connector == "CAMAsyncAFDConnector":
+        # its connectors exist (afd_models.connectors.cam), but no worker drives them yet
+        raise AFDConfigError(
+            "additional_config.afd.connector='CAMAsyncAFDConnector' is not served by the AFD "
+            "workers yet (no routing hook on Attention, no expert-grouped FFN step); allowed on "
+            "npu: CAMP2PAFDConnector, LoopbackAFDConnector"
+        )
     if parallel.pipeline_parallel_size > 1:
         raise AFDConfigError(
             f"--pipeline-parallel-size={parallel.pipeline_parallel_size} is not supported with AFD "

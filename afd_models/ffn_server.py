@@ -32,6 +32,14 @@ from afd_models.topology import Group, TopologyError, ffn_token_counts
 
 logger = get_logger(__name__)
 
+#: the forward context a layer's FFN computes in, from the config and the step's token count
+ForwardContext = Callable[[VllmConfig, int], contextlib.AbstractContextManager[Any]]
+
+
+def vllm_forward_context(vllm_config: VllmConfig, num_tokens: int) -> Any:
+    """vLLM's forward context, with no attention metadata (the FFN role runs no attention)."""
+    return set_forward_context(None, vllm_config, num_tokens=num_tokens)
+
 
 class FFNModel(Protocol):
     def compute_ffn_output(
@@ -83,16 +91,18 @@ def serve_step(
     headers: Sequence[StepHeader],
     tokens: int,
     graphs: FFNGraphs | None = None,
+    forward_context: ForwardContext = vllm_forward_context,
 ) -> tuple[list[int], bool]:
     """Compute every remote layer of one step: the rows each layer computed on, in layer order,
     and whether the step ran from ``graphs`` (only a step every peer replays from a graph may).
     A step some peer split into micro-batches runs eagerly, unit by unit
     (:func:`serve_split_step`)."""
     if any(h.ubatch_tokens for h in headers):
-        return serve_split_step(model, vllm_config, connector, layers, headers), False
+        split = serve_split_step(model, vllm_config, connector, layers, headers, forward_context)
+        return split, False
     from_graphs = graphs is not None and replays_graphs(headers)
     rows = []
-    with torch.inference_mode(), set_forward_context(None, vllm_config, num_tokens=tokens):
+    with torch.inference_mode(), forward_context(vllm_config, tokens):
         for layer_idx in layers:
 
             def layer(layer_idx: int = layer_idx) -> int:
@@ -116,6 +126,7 @@ def serve_split_step(
     connector: FFNConnector,
     layers: Sequence[int],
     headers: Sequence[StepHeader],
+    forward_context: ForwardContext = vllm_forward_context,
 ) -> list[int]:
     """Compute a step some peer split into micro-batches, unit by unit, each peer's transfers in
     the order it posts the matching ones (see :mod:`afd_models.dbo`): the rows each layer
@@ -129,7 +140,7 @@ def serve_split_step(
                 wait()
             hidden_states, router_logits = connector.received(unit.layer, unit.ubatch)
             tokens = int(hidden_states.shape[0])
-            with set_forward_context(None, vllm_config, num_tokens=tokens):
+            with forward_context(vllm_config, tokens):
                 output = model.compute_ffn_output(unit.layer, hidden_states, router_logits)
             rows[unit.layer] += tokens
             if index + 1 == len(units):
@@ -182,8 +193,10 @@ class FFNServer:
         graphs: FFNGraphs | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         accelerator: Any = None,
+        forward_context: ForwardContext = vllm_forward_context,
     ):
         self.model = model
+        self.forward_context = forward_context
         self.device = device
         self.graphs = graphs
         self.accelerator = accelerator
@@ -244,6 +257,7 @@ class FFNServer:
                 headers,
                 tokens,
                 self.graphs,
+                self.forward_context,
             )
             split = any(h.ubatch_tokens for h in headers)
             self._counters.ubatch_splits += split

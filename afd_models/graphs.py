@@ -55,11 +55,14 @@ class GraphCounters:
         }
 
 
-def full_graph_call(runtime_mode: Any, entries: Mapping[Any, Any]) -> tuple[bool, int] | None:
+def full_graph_call(
+    runtime_mode: Any, entries: Mapping[Any, Any], *, graph_attribute: str = "cudagraph"
+) -> tuple[bool, int] | None:
     """What a call of vLLM's graph wrapper for ``runtime_mode`` (with graph ``entries`` by batch
     descriptor) is about to do, read from the forward context: None when it neither captures nor
     replays (another mode, no forward context), else whether a graph exists for the batch shape
-    (a replay; without one vLLM captures) and the batch's padded token count."""
+    (a replay; without one vLLM captures) and the batch's padded token count. An entry holds its
+    graph in ``graph_attribute`` (vLLM: ``cudagraph``; vLLM-Ascend's ACL entries: ``aclgraph``)."""
     if not is_forward_context_available():
         return None
     context = get_forward_context()
@@ -67,7 +70,7 @@ def full_graph_call(runtime_mode: Any, entries: Mapping[Any, Any]) -> tuple[bool
     if context.cudagraph_runtime_mode != runtime_mode or descriptor is None:
         return None
     entry = entries.get(descriptor)
-    return entry is not None and entry.cudagraph is not None, descriptor.num_tokens
+    return entry is not None and getattr(entry, graph_attribute) is not None, descriptor.num_tokens
 
 
 class AttentionGraphSteps:
@@ -156,23 +159,35 @@ def replays_graphs(headers: Sequence[StepHeader]) -> bool:
 
 
 class GraphBackend(Protocol):
-    """Captures and replays device graphs (:class:`CudaGraphs`; fakes in tests)."""
+    """Captures and replays device graphs (:class:`DeviceGraphs`; fakes in tests)."""
 
     def capture(self, run: Callable[[], object]) -> Any: ...
 
     def replay(self, graph: Any) -> None: ...
 
 
-class CudaGraphs:
-    """CUDA graphs on the current device and stream, all from one memory pool (the FFN server
-    replays one layer at a time, so its graphs never run concurrently)."""
+#: device type -> the graph class of its torch device module (``torch.npu`` exists once
+#: torch_npu is imported, which vLLM-Ascend does)
+GRAPH_CLASSES: dict[str, str] = {"cuda": "CUDAGraph", "npu": "NPUGraph"}
 
-    def __init__(self) -> None:
-        self.pool = torch.cuda.graph_pool_handle()
+
+class DeviceGraphs:
+    """Graphs of one device type (:data:`GRAPH_CLASSES`) on the current device and stream, all
+    from one memory pool (the FFN server replays one layer at a time, so its graphs never run
+    concurrently). ``torch.cuda`` and ``torch.npu`` share this interface."""
+
+    def __init__(self, device_type: str, device_module: Any = None) -> None:
+        if device_type not in GRAPH_CLASSES:
+            raise ValueError(
+                f"no device graphs on {device_type!r}; allowed: {', '.join(GRAPH_CLASSES)}"
+            )
+        self.module = device_module or getattr(torch, device_type)
+        self.graph_class = getattr(self.module, GRAPH_CLASSES[device_type])
+        self.pool = self.module.graph_pool_handle()
 
     def capture(self, run: Callable[[], object]) -> Any:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream()):
+        graph = self.graph_class()
+        with self.module.graph(graph, pool=self.pool, stream=self.module.current_stream()):
             run()
         return graph
 

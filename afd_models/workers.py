@@ -1,14 +1,20 @@
 """The worker classes operators name on the command line (``vllm serve ... --worker-cls <path>``).
 
-=====================================  ==================================================
-``afd_models.workers.AFDAttentionCPUWorker``  Attention role on vLLM's CPU platform
-``afd_models.workers.AFDFFNCPUWorker``        FFN role on vLLM's CPU platform
-``afd_models.workers.AFDAttentionWorker``     Attention role, CUDA worker (generated and checked; see docs)
-``afd_models.workers.AFDFFNWorker``           FFN role, CUDA worker (generated and checked; see docs)
-=====================================  ==================================================
+==============================================  ==============================================
+``afd_models.workers.AFDAttentionCPUWorker``    Attention role on vLLM's CPU platform
+``afd_models.workers.AFDFFNCPUWorker``          FFN role on vLLM's CPU platform
+``afd_models.workers.AFDAttentionWorker``       Attention role, CUDA worker (generated and checked; see docs)
+``afd_models.workers.AFDFFNWorker``             FFN role, CUDA worker (generated and checked; see docs)
+``afd_models.workers.AFDAttentionNPUWorker``    Attention role, vLLM-Ascend's NPU worker (see docs/npu.md)
+``afd_models.workers.AFDFFNNPUWorker``          FFN role, vLLM-Ascend's NPU worker (see docs/npu.md)
+==============================================  ==============================================
 
-They are generated from ``overlay/vllm/v1/worker/cpu_worker.py``; this module only names them.
+They are generated from ``overlay/vllm/v1/worker/cpu_worker.py`` and
+``overlay/vllm_ascend/worker/worker.py``; this module only names them. The NPU workers import
+vLLM-Ascend, which needs an Ascend host, so they are imported when first named.
 """
+
+from typing import Any
 
 from afd_models._generated.vllm.v1.worker.cpu_worker import (
     AFDAttentionCPUWorker,
@@ -17,4 +23,15 @@ from afd_models._generated.vllm.v1.worker.cpu_worker import (
     AFDFFNWorker,
 )
 
+NPU_WORKERS = ("AFDAttentionNPUWorker", "AFDFFNNPUWorker")
+
 __all__ = ["AFDAttentionCPUWorker", "AFDAttentionWorker", "AFDFFNCPUWorker", "AFDFFNWorker"]
+__all__ += NPU_WORKERS
+
+
+def __getattr__(name: str) -> Any:
+    if name in NPU_WORKERS:
+        from afd_models._generated.vllm_ascend.worker import worker
+
+        return getattr(worker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member, UpstreamIndex, same_behaviour
 from codegen.lock import describe_symbol
 from codegen.markers import Contract, Edit
-from codegen.model import Signature, SymbolRef
+from codegen.model import ParamKind, Signature, SymbolRef
 from codegen.pattern import PatternError, parse_pattern
 
 #: roles whose symbol disappearing or changing signature breaks generation
@@ -493,9 +493,17 @@ def _signature_changes(
     callee = bool(
         roles & {"generated_import", "overlay_import", "runtime_import"}
     ) and not roles & {"fork", "override", "extended", "replaced"}
+    reordered = any(diff.kind == "param_order" for diff in changed)
     for diff in changed:
         kind = Kind.DRIFT_CALLEE_SIGNATURE if callee else _SIGNATURE_KINDS[diff.kind]
         severity = Severity.REVIEW if callee else _severity_for_change(roles)
+        if (
+            callee
+            and diff.kind == "param_added"
+            and not reordered
+            and _binds_old_calls(old_sig, new_sig, diff.param)
+        ):
+            severity = Severity.INFO
         what = f"{diff.kind.replace('_', ' ')}" + (f" {diff.param!r}" if diff.param else "")
         yield Finding(
             kind,
@@ -507,6 +515,21 @@ def _signature_changes(
             old=diff.upstream,
             new=diff.ours,
         )
+
+
+def _binds_old_calls(old: Signature, new: Signature, added: str | None) -> bool:
+    """Whether every call of ``old`` still binds the same way with parameter ``added`` of ``new``:
+    it has a default and is keyword-only, or comes after every positional parameter ``old`` had."""
+    params = {p.name: (i, p) for i, p in enumerate(new.params)}
+    if added not in params or params[added][1].default is None:
+        return False
+    index, param = params[added]
+    if param.kind is ParamKind.KEYWORD_ONLY:
+        return True
+    positional = (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
+    return all(
+        params[p.name][0] < index for p in old.params if p.kind in positional and p.name in params
+    )
 
 
 def fork_findings(

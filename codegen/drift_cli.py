@@ -1,10 +1,11 @@
 """``python -m codegen drift`` and ``python -m codegen audit``: the upgrade workflow.
 
-    python -m codegen drift --to 0.28.0 [--from 0.26.0] [--from-root DIR] [--to-root DIR]
-                            [--format md|json|sarif] [--out FILE]
+    python -m codegen drift --to 0.28.0 [--package vllm|vllm_ascend] [--from 0.26.0]
+                            [--from-root DIR] [--to-root DIR] [--format md|json|sarif] [--out FILE]
     python -m codegen audit --to 0.28.0 [--to-root DIR] [--out DIR] [--apply]
 
-``drift`` compares every symbol the overlay and runtime use between two upstream versions.
+``drift`` compares every symbol the overlay and runtime use between two versions of one pinned
+upstream package (``--package``, default vllm); the other pinned packages stay at their pins.
 ``audit`` adds a dry-run regeneration against the new version (in memory), the diff of the
 generated code and a work list, as Markdown with a JSON twin. Neither touches the overlay or the
 lock; ``audit --apply`` re-pins and regenerates (pins, lock, generated code) only when nothing
@@ -20,9 +21,9 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codegen.drift import Side, compare, native_architectures, registry_findings
 from codegen.findings import EXIT_BLOCK, Finding, Kind, Severity, exit_code, summary
@@ -32,8 +33,18 @@ from codegen.lock import read_lock
 from codegen.markers import Edit
 from codegen.overlay import load_overlay, overlay_files
 from codegen.report import as_json, as_markdown, as_sarif, counts, ordered
+from codegen.sources import load_pins, locate
+
+if TYPE_CHECKING:
+    from codegen.pipeline import Context
 
 GENERATED_DIFF_LINES = 400
+#: how reports name each pinned package
+DISPLAY_NAMES = {"vllm": "vLLM", "vllm_ascend": "vLLM-Ascend"}
+
+
+class UnknownPackage(ValueError):
+    """``--package`` names no package of ``overlay/pins.toml``: a usage error (exit 2)."""
 
 
 @dataclass
@@ -42,6 +53,7 @@ class DriftRun:
 
     old_version: str
     new_version: str
+    package: str
     findings: list[Finding]
     old_index: UpstreamIndex
     new_index: UpstreamIndex
@@ -50,6 +62,7 @@ class DriftRun:
 
     def header(self) -> dict[str, Any]:
         return {
+            "package": self.package,
             "from": self.old_version,
             "to": self.new_version,
             "seconds": round(self.seconds, 2),
@@ -61,6 +74,7 @@ def run_drift(
     repo_root: Path,
     to_version: str,
     *,
+    package: str = "vllm",
     from_version: str | None = None,
     from_root: Path | None = None,
     to_root: Path | None = None,
@@ -69,11 +83,24 @@ def run_drift(
     from codegen.pipeline import generate, open_context, up_to_date
 
     started = time.monotonic()
-    old_context = open_context(repo_root, upstream_root=from_root, version=from_version, quiet=True)
-    new_context = open_context(repo_root, upstream_root=to_root, version=to_version, quiet=True)
-    old_version, new_version = old_context.versions["vllm"], new_context.versions["vllm"]
+    pins = load_pins(repo_root / PINS_PATH)
+    if package not in pins:
+        raise UnknownPackage(
+            f"--package {package!r} is not pinned in {PINS_PATH}; allowed: {', '.join(pins)}"
+        )
+    pinned = open_context(repo_root, quiet=True)
+
+    def side(version: str | None, root: Path | None) -> Context:
+        """The pinned sources with ``package`` at ``version`` (or read from ``root``)."""
+        if version is None and root is None:
+            return pinned
+        source = locate(pins[package], version, upstream_root=root, quiet=True)
+        return replace(pinned, sources={**pinned.sources, package: source})
+
+    old_context, new_context = side(from_version, from_root), side(to_version, to_root)
+    old_version, new_version = old_context.versions[package], new_context.versions[package]
     progress(
-        f"comparing vllm {old_version} ({old_context.sources['vllm'].origin}) with {new_version} ({new_context.sources['vllm'].origin})"
+        f"comparing {package} {old_version} ({old_context.sources[package].origin}) with {new_version} ({new_context.sources[package].origin})"
     )
     old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
     lock = read_lock(repo_root / LOCK_PATH) if up_to_date(old_context) else None
@@ -96,10 +123,14 @@ def run_drift(
         old, new = Side(old_version, old_index), Side(new_version, new_index)
         findings.extend(compare(lock, edits, old, new))
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
-    origins = {"from": old_context.sources["vllm"].origin, "to": new_context.sources["vllm"].origin}
+    origins = {
+        "from": old_context.sources[package].origin,
+        "to": new_context.sources[package].origin,
+    }
     return DriftRun(
         old_version,
         new_version,
+        package,
         findings,
         old_index,
         new_index,
@@ -131,25 +162,34 @@ def _write(text: str, out: Path | None) -> None:
 
 
 def drift_markdown(run: DriftRun) -> str:
+    name = DISPLAY_NAMES.get(run.package, run.package)
+    command = "python -m codegen drift" + (
+        f" --package {run.package} --from {run.old_version}" if run.package != "vllm" else ""
+    )
     intro = [
-        f"Upstream vLLM {run.old_version} -> {run.new_version}: every symbol in the lock (bases and MRO, overridden,",
+        f"Upstream {name} {run.old_version} -> {run.new_version}: every symbol in the lock (bases and MRO, overridden,",
         "forked and inherited methods, anchors, names the overlay and runtime import, registry keys, config fields).",
-        f"Generated by `python -m codegen drift --to {run.new_version}` in {run.seconds:.1f} s.",
+        f"Generated by `{command} --to {run.new_version}` in {run.seconds:.1f} s.",
     ]
-    return as_markdown(run.findings, f"Drift: vLLM {run.old_version} -> {run.new_version}", intro)
+    return as_markdown(run.findings, f"Drift: {name} {run.old_version} -> {run.new_version}", intro)
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
     from codegen.cli import _progress
 
-    run = run_drift(
-        args.repo,
-        args.to,
-        from_version=args.from_version,
-        from_root=args.from_root,
-        to_root=args.to_root,
-        progress=_progress,
-    )
+    try:
+        run = run_drift(
+            args.repo,
+            args.to,
+            package=args.package,
+            from_version=args.from_version,
+            from_root=args.from_root,
+            to_root=args.to_root,
+            progress=_progress,
+        )
+    except UnknownPackage as exc:
+        print(f"codegen drift: {exc}; exit 2", file=sys.stderr)
+        return 2
     if args.format == "json":
         _write(as_json(run.findings, run.header()), args.out)
     elif args.format == "sarif":
@@ -157,7 +197,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     else:
         _write(drift_markdown(run), args.out)
     _progress(
-        f"drift {run.old_version} -> {run.new_version}: {summary(run.findings)} in {run.seconds:.1f} s"
+        f"drift {run.package} {run.old_version} -> {run.new_version}: {summary(run.findings)} in {run.seconds:.1f} s"
     )
     return exit_code(run.findings)
 
@@ -298,9 +338,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def add_drift_commands(sub: Any) -> None:
-    drift = sub.add_parser("drift", help="what a vLLM version bump breaks, located and classified")
-    drift.add_argument("--to", required=True, help="the new vLLM version, e.g. 0.28.0")
-    drift.add_argument("--from", dest="from_version", help="the old version (default: pinned)")
+    drift = sub.add_parser(
+        "drift", help="what an upstream version bump breaks, located and classified"
+    )
+    drift.add_argument("--to", required=True, help="the new version, e.g. 0.28.0")
+    drift.add_argument(
+        "--package",
+        default="vllm",
+        help="the pinned package whose versions to compare, e.g. vllm_ascend (default: vllm); "
+        "the others stay at their pins",
+    )
+    drift.add_argument(
+        "--from", dest="from_version", help="the old version (default: the pinned one)"
+    )
     drift.add_argument("--from-root", type=Path, help="read the old version from this source tree")
     drift.add_argument("--to-root", type=Path, help="read the new version from this source tree")
     drift.add_argument("--format", choices=["md", "json", "sarif"], default="md")

@@ -325,3 +325,28 @@ class SuperRewriter(cst.CSTTransformer):
                 ]
             )
         return updated_node
+
+
+class RelativeImportRewriter(cst.CSTTransformer):
+    """A relative import in a forked body (``from .method_adapters import X``) is relative to the
+    upstream module that wrote it; the generated module lives elsewhere, so the generator makes
+    it absolute: ``from vllm_ascend.quantization.method_adapters import X``.
+    """
+
+    def __init__(self, package: str):
+        #: the package the upstream module's level-1 imports are relative to
+        self.package = package
+
+    def leave_ImportFrom(
+        self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
+    ) -> cst.ImportFrom:
+        if not updated_node.relative:
+            return updated_node
+        parts = self.package.split(".")
+        up = len(updated_node.relative) - 1
+        if up >= len(parts):  # Python itself refuses such an import
+            raise ValueError(f"a relative import goes above the top of package {self.package}")
+        base = parts[: len(parts) - up]
+        if updated_node.module is not None:
+            base.append(cst.Module([]).code_for_node(updated_node.module))
+        return updated_node.with_changes(relative=(), module=cst.parse_expression(".".join(base)))

@@ -17,7 +17,14 @@ import libcst as cst
 
 from codegen.checks.signatures import check_signature
 from codegen.contracts import evaluate
-from codegen.edit import EditError, SuperRewriter, anchor_lines, apply_edits, parse_member
+from codegen.edit import (
+    EditError,
+    RelativeImportRewriter,
+    SuperRewriter,
+    anchor_lines,
+    apply_edits,
+    parse_member,
+)
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member, UpstreamIndex
 from codegen.markers import Contract
@@ -450,8 +457,11 @@ def _fork(
         function = rewritten
         if rewriter.count:
             namespace.require_class(defining, symbol, ours_at)
-    assert isinstance(function, cst.FunctionDef) and isinstance(decl.node, cst.FunctionDef)
-    function = function.with_changes(
+    module = upstream.module
+    package = module.name if module.is_package else module.name.rpartition(".")[0]
+    absolute = function.visit(RelativeImportRewriter(package))
+    assert isinstance(absolute, cst.FunctionDef) and isinstance(decl.node, cst.FunctionDef)
+    function = absolute.with_changes(
         params=decl.node.params,
         returns=decl.node.returns,
         decorators=decl.node.decorators,

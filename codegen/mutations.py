@@ -176,8 +176,9 @@ class Mutator:
         self._texts: dict[str, str] = {}
         #: recorded methods grouped by their roles, so that rare roles (forks) get drawn too
         self.recorded: dict[str, list[str]] = {}
+        # vLLM's source is mutated; what the lock records of other pinned packages is left out
         for key, entry in sorted(lock["symbols"].items()):
-            if entry.get("kind") == "method" and entry.get("file"):
+            if entry.get("kind") == "method" and entry.get("file", "").startswith("vllm/"):
                 self.recorded.setdefault(" ".join(sorted(entry["roles"])), []).append(key)
         self.unrecorded = list(self._unrecorded())
 
@@ -384,6 +385,8 @@ class Mutator:
                 for edit_id, anchor in member.get("anchors", {}).items():
                     if len(anchor["lines"]) == 1 and member.get("upstream"):
                         symbol = self.lock["symbols"][member["upstream"]]
+                        if not symbol["file"].startswith("vllm/"):
+                            continue
                         anchors.append(
                             (
                                 f"{class_key}.{name}#{edit_id}",

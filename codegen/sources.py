@@ -48,6 +48,9 @@ class Pin:
     version: str
     #: distributions shipping the package's sources, tried in order
     distributions: tuple[Distribution, ...]
+    #: ``module:qualname`` of this package's run-time replacements of upstream names that AFD
+    #: takes as they are (vLLM-Ascend's FusedMoE factory); the runtime check reports them as info
+    replaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,17 @@ def load_pins(path: Path) -> dict[str, Pin]:
                     f"{path}: distribution {dist.get('name')!r} kind={dist.get('kind')!r}; allowed: wheel, sdist"
                 )
             dists.append(Distribution(dist["name"], dist["kind"]))
-        pins[entry["package"]] = Pin(entry["package"], entry["version"], tuple(dists))
+        replaces = entry.get("replaces", [])
+        if not isinstance(replaces, list) or not all(
+            isinstance(r, str) and re.fullmatch(r"[\w.]+:[\w.]+", r) for r in replaces
+        ):
+            raise SourceError(
+                f"{path}: {entry['package']} replaces={replaces!r}; allowed: a list of "
+                "'module:qualname' strings"
+            )
+        pins[entry["package"]] = Pin(
+            entry["package"], entry["version"], tuple(dists), tuple(replaces)
+        )
     return pins
 
 

@@ -97,8 +97,10 @@ HOLD_S = 180
 EXCHANGE_IN_GRAPH = "n/a (inside the graph)"
 
 
-def log(message: str) -> None:
-    print(f"[gpu-check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+def log(message: str, script: Path = SCRIPT) -> None:
+    """Progress on stderr, tagged with the check script (tools/npu_check.py shares this module)."""
+    tag = script.stem.replace("_", "-")
+    print(f"[{tag} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 class UsageError(Exception):
@@ -730,11 +732,17 @@ def run_env(setup: Setup, mode: Mode, device_id: str) -> dict[str, str]:
 
 
 def _spawn(
-    command: str, path: Path, env: Mapping[str, str], log_path: Path, stdin: int | None = None
+    command: str,
+    path: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    stdin: int | None = None,
+    script: Path = SCRIPT,
 ) -> subprocess.Popen[bytes]:
+    """``script``'s internal ``command`` in a fresh interpreter, in a session of its own."""
     with log_path.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, str(SCRIPT), command, str(path)],
+            [sys.executable, str(script), command, str(path)],
             env=dict(env),
             stdin=stdin if stdin is not None else subprocess.DEVNULL,
             stdout=out,
@@ -762,10 +770,16 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def run_internal(
-    command: str, arg: Path, env: Mapping[str, str], log_path: Path, timeout_s: float
+    command: str,
+    arg: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    timeout_s: float,
+    script: Path = SCRIPT,
 ) -> int:
-    """Run an internal command of this script in a fresh interpreter; its exit status."""
-    process = _spawn(command, arg, env, log_path)
+    """Run an internal command of ``script`` in a fresh interpreter; its exit status (-1: killed
+    after ``timeout_s``)."""
+    process = _spawn(command, arg, env, log_path, script=script)
     try:
         return process.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -776,9 +790,11 @@ def run_internal(
 class _Engine:
     """One engine process: spec and result files, log, start time."""
 
-    def __init__(self, spec: EngineSpec, directory: Path):
+    def __init__(self, spec: EngineSpec, directory: Path, script: Path = SCRIPT):
         directory.mkdir(parents=True, exist_ok=True)
         self.spec = spec
+        #: the check script whose ``_engine`` command runs the engine
+        self.script = script
         self.spec_path = directory / f"{spec.name}.spec.json"
         self.result_path = directory / f"{spec.name}.result.json"
         self.log_path = directory / f"{spec.name}.log"
@@ -789,10 +805,10 @@ class _Engine:
         self.started = 0.0
 
     def start(self, env: Mapping[str, str], stdin: int | None = None) -> None:
-        device = env.get("CUDA_VISIBLE_DEVICES", "?")
-        log(f"start {self.spec.name} (CUDA_VISIBLE_DEVICES={device}), log {self.log_path}")
+        pinned = ", ".join(f"{k}={v}" for k, v in env.items() if k.endswith("_VISIBLE_DEVICES"))
+        log(f"start {self.spec.name} ({pinned or 'all devices'}), log {self.log_path}", self.script)
         self.started = time.monotonic()
-        self.process = _spawn("_engine", self.spec_path, env, self.log_path, stdin)
+        self.process = _spawn("_engine", self.spec_path, env, self.log_path, stdin, self.script)
 
     def has_result(self) -> bool:
         return self.result_path.exists()
@@ -804,23 +820,33 @@ class _Engine:
             data = json.loads(self.result_path.read_text())
             result = EngineResult.from_child(name, data, wall_s=wall, log=log_text)
             rate = _number(result.tokens_per_s, ",.1f")
-            log(f"{name}: done in {wall:.1f} s (start-up {result.startup_s:.1f} s, {rate} tok/s)")
+            log(
+                f"{name}: done in {wall:.1f} s (start-up {result.startup_s:.1f} s, {rate} tok/s)",
+                self.script,
+            )
             return result
         returncode = None if self.process is None else self.process.returncode
         why = f"timed out after {wall:.0f} s" if timed_out else f"exited with {returncode}"
-        log(f"{name}: FAILED, {why}; log {self.log_path}")
+        log(f"{name}: FAILED, {why}; log {self.log_path}", self.script)
         error = f"{why} without a result; end of {self.log_path}:\n{_tail(self.log_path)}"
         return EngineResult(name, ok=False, error=error, wall_s=wall, log=log_text)
 
 
-def run_engine(spec: EngineSpec, env: Mapping[str, str], setup: Setup) -> EngineResult:
-    """Run one engine in a fresh interpreter, bounded by ``setup.engine_timeout_s``."""
-    engine = _Engine(spec, setup.work_dir / "engines")
+def run_engine(
+    spec: EngineSpec,
+    env: Mapping[str, str],
+    directory: Path,
+    timeout_s: float,
+    script: Path = SCRIPT,
+) -> EngineResult:
+    """Run one engine (``script``'s ``_engine`` command) in a fresh interpreter, bounded by
+    ``timeout_s``; its spec, result and log go to ``directory``."""
+    engine = _Engine(spec, directory, script)
     engine.start(env)
     assert engine.process is not None
     timed_out = False
     try:
-        engine.process.wait(setup.engine_timeout_s)
+        engine.process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
     _kill(engine.process)
@@ -841,7 +867,8 @@ def _llm_args(
 def run_native(mode: Mode, setup: Setup) -> EngineResult:
     """Native vLLM in ``mode`` on the first visible device."""
     spec = EngineSpec(f"native-{mode.name}", str(setup.model), _llm_args(mode))
-    return run_engine(spec, run_env(setup, mode, setup.host.device_ids[0]), setup)
+    env = run_env(setup, mode, setup.host.device_ids[0])
+    return run_engine(spec, env, setup.work_dir / "engines", setup.engine_timeout_s)
 
 
 def run_pair(
@@ -866,7 +893,8 @@ def run_pair(
         _llm_args(mode, ATTENTION_WORKER, afd),
         afd_attention=True,
     )
-    result = run_engine(spec, run_env(setup, mode, setup.host.device_ids[0]), setup)
+    env = run_env(setup, mode, setup.host.device_ids[0])
+    result = run_engine(spec, env, setup.work_dir / "engines", setup.engine_timeout_s)
     return evaluate_pair(mode, gate, LOOPBACK, result, native)
 
 
@@ -1409,28 +1437,33 @@ def run(options: Options, host: Host) -> int:
     return report.exit_code()
 
 
+def guarded(prog: str, check: Callable[[], int]) -> int:
+    """``check()``'s exit code; a UsageError is 2 with its message, any other exception 3."""
+    try:
+        return check()
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:  # a crash is never a pass, nor a check failure
+        traceback.print_exc()
+        print(f"{prog}: internal error: the check itself crashed (exit 3)", file=sys.stderr)
+        return 3
+
+
 def main(argv: list[str] | None = None, host: Host | None = None) -> int:
     """0 passed, 1 a check failed, 2 bad usage or unusable host, 3 the script crashed."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in INTERNAL_COMMANDS:
         return INTERNAL_COMMANDS[argv[0]](Path(argv[1]))
     args = build_parser().parse_args(argv)  # exits 2 on a malformed command line, 0 for --help
-    try:
-        return run(options_from(args), host or Host())
-    except UsageError as exc:
-        print(f"gpu_check.py: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception:  # a crash is never a pass, nor a check failure
-        traceback.print_exc()
-        print("gpu_check.py: internal error: the check itself crashed (exit 3)", file=sys.stderr)
-        return 3
+    return guarded(SCRIPT.name, lambda: run(options_from(args), host or Host()))
 
 
-def _engine_process_exit() -> None:
+def _engine_process_exit(entry: Callable[[], int] = main) -> None:
     """Engine processes end here: flush, and exit without interpreter teardown (vLLM's helper
     threads and pools can hang it); an exception is exit 1 with its traceback."""
     try:
-        code = main()
+        code = entry()
     except BaseException:
         traceback.print_exc()
         code = 1

@@ -14,6 +14,7 @@ from vllm.config import VllmConfig
 
 from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
+from afd_models.connectors.cam_ops import load_cam_p2p_ops
 from afd_models.log import exit_process
 from afd_models.topology import (
     TopologyError,
@@ -149,10 +150,26 @@ def prepare_attention(
     except TopologyError as exc:
         raise AFDConfigError(str(exc)) from exc
 
+    extra = afd.connector_extra_config
+    # off an NPU this fails here, before any weight is read
+    cam_ops = load_cam_p2p_ops(extra.core_num) if afd.connector == "CAMP2PAFDConnector" else None
+
     def connect(model: nn.Module) -> AFDConnector:
         layers = [proxy.layer_idx for proxy in remote_layers(model)]
         presented = fingerprint(vllm_config, afd, rank, layers)
-        extra = afd.connector_extra_config
+        if afd.connector == "CAMP2PAFDConnector":
+            from afd_models.connectors.cam import CAMP2PAFDConnector
+
+            return CAMP2PAFDConnector(
+                afd.host,
+                group,
+                rank,
+                extra,
+                presented,
+                device=device,
+                ops=cam_ops,
+                on_peer_gone=exit_process,
+            )
         if afd.connector == "NcclAFDConnector":
             from afd_models.connectors.nccl import NcclAttentionConnector
 
@@ -182,6 +199,10 @@ def connect_ffn(
     )
     presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
     extra = afd.connector_extra_config
+    if afd.connector == "CAMP2PAFDConnector":
+        from afd_models.connectors.cam import CAMP2PFFNConnector
+
+        return CAMP2PFFNConnector(afd.host, group, extra, presented, device=device)
     if afd.connector == "NcclAFDConnector":
         from afd_models.connectors.nccl import NcclFFNConnector
 

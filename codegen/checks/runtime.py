@@ -19,8 +19,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from codegen.contracts import evaluate_source
 from codegen.findings import Finding, Kind, Location, Severity
+from codegen.markers import Contract
 from codegen.model import GeneratedClass, MemberKind, SymbolRef
+from codegen.pattern import PatternError
 
 #: documents scanned for dotted paths of our classes
 DOC_GLOBS = ("README.md", "docs/**/*.md")
@@ -38,10 +41,18 @@ class Platform(Protocol):
 
 
 def platform_package(platform: Platform) -> str | None:
-    """The top-level package of an out-of-tree platform (``vllm_ascend`` on an NPU host), else None."""
+    """The top-level package of an out-of-tree platform (``vllm_ascend`` on an NPU host), else None.
+
+    AFD's own subclass of a platform (``AFDNPUPlatform``) stands for the plugin it derives from:
+    the package is that of the first class along its MRO that is not AFD's.
+    """
     if not platform.is_out_of_tree():
         return None
-    return type(platform).__module__.partition(".")[0]
+    for cls in type(platform).__mro__:
+        package = cls.__module__.partition(".")[0]
+        if package != "afd_models":
+            return package
+    return None
 
 
 def apply_platform_patches(package: str) -> tuple[str, ...]:
@@ -100,9 +111,12 @@ def load_dotted(path: str) -> Any:
         return load(SymbolRef.parse(path))
     parts = path.split(".")
     for split in range(len(parts), 0, -1):
+        module = ".".join(parts[:split])
         try:
-            obj: Any = importlib.import_module(".".join(parts[:split]))
-        except ModuleNotFoundError:
+            obj: Any = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise  # the module exists but needs one that is missing
             continue
         for part in parts[split:]:
             obj = getattr(obj, part)
@@ -184,21 +198,68 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                 )
         for name in sorted(set(generated.overlay.relies_on) & set(generated.inherited)):
             if origin := foreign_code(base, name):
-                yield _replaced(
+                yield _relied_on_replaced(
                     f"{symbol}.{name}",
-                    f"relied-on {generated.inherited[name].qualname}",
+                    generated.inherited[name].qualname,
+                    getattr(base, name),
+                    generated.overlay.relies_on[name],
                     origin,
-                    "AFD's contract was checked against vLLM's body, not this one",
                     where,
                 )
 
 
-def check_imports(symbols: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
+def _relied_on_replaced(
+    symbol: str,
+    qualname: str,
+    live: Any,
+    contracts: tuple[Contract, ...],
+    origin: str,
+    where: Location,
+) -> Finding:
+    """A relied-on method a platform plugin replaced: its contracts are evaluated on the
+    replacement's own source. All holding is info (AFD relies on the same facts there); a broken
+    one, or a replacement without source, blocks."""
+    try:
+        matches = evaluate_source(inspect.getsource(inspect.unwrap(live)), contracts)
+    except (OSError, TypeError, PatternError) as exc:
+        return _replaced(
+            symbol,
+            f"relied-on {qualname}",
+            origin,
+            f"AFD's contracts could not be evaluated on the replacement ({exc})",
+            where,
+        )
+    broken = [m.contract for m in matches if len(m.lines) != m.contract.count]
+    if broken:
+        return _replaced(
+            symbol,
+            f"relied-on {qualname}",
+            origin,
+            "contracts broken in the replacement: "
+            + "; ".join(f"{c.id} ({c.if_broken})" for c in broken),
+            where,
+        )
+    return Finding(
+        Kind.RUNTIME_REPLACED,
+        Severity.INFO,
+        symbol,
+        f"relied-on {qualname} is replaced by {_module_of(origin)}; every contract holds in the "
+        f"replacement ({', '.join(m.contract.id for m in matches)})",
+        where,
+        details=(f"live code: {origin}",),
+    )
+
+
+def check_imports(
+    symbols: Mapping[str, Mapping[str, Any]], accepted: frozenset[str] = frozenset()
+) -> Iterator[Finding]:
     """Upstream names our code imports whose live object is code from another package.
 
     Parameters:
         symbols: the lock's ``symbols`` (``module:name`` -> entry with ``roles`` and ``used_by``);
             those with an :data:`IMPORT_ROLES` role are checked.
+        accepted: ``module:qualname`` of replacements a platform plugin makes on purpose and AFD
+            takes as they are (a pin's ``replaces`` in overlay/pins.toml): reported as info.
     """
     for key, entry in sorted(symbols.items()):
         if not IMPORT_ROLES.intersection(entry.get("roles", ())):
@@ -211,6 +272,17 @@ def check_imports(symbols: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]
             continue
         if origin := foreign_object(obj, ref.module):
             users = ", ".join(entry.get("used_by", ())) or "?"
+            replacement = f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', '?')}"
+            if replacement in accepted:
+                yield Finding(
+                    Kind.RUNTIME_REPLACED,
+                    Severity.INFO,
+                    key,
+                    f"imported {ref.qualname} is {replacement}, a replacement overlay/pins.toml "
+                    f"accepts: AFD ({users}) uses it as upstream code would",
+                    None,
+                )
+                continue
             yield _replaced(
                 key,
                 f"imported {ref.qualname}",
@@ -326,7 +398,10 @@ def documented_paths(repo_root: Path) -> dict[str, Location]:
 
 
 def check_paths(
-    classes: list[GeneratedClass], registered: dict[str, str], documented: dict[str, Location]
+    classes: list[GeneratedClass],
+    registered: dict[str, str],
+    documented: dict[str, Location],
+    absent: frozenset[str] = frozenset(),
 ) -> Iterator[Finding]:
     """Registered and documented class paths import, and derive from the upstream class they stand for.
 
@@ -335,6 +410,8 @@ def check_paths(
         registered: dotted path -> the upstream class it claims to derive from (plugin registrations).
         documented: dotted paths found in the docs; they must import, and a generated class (or a
             name for one, like ``afd_models.workers.*``) must derive from its upstream base.
+        absent: pinned upstream packages not installed here; a documented path that needs one
+            is not checked (the caller reports the package once).
     """
     by_object: dict[int, GeneratedClass] = {}
     for generated in classes:
@@ -358,6 +435,10 @@ def check_paths(
     for path, where in sorted(documented.items()):
         try:
             obj = load_dotted(path)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in absent:
+                yield _failure(Kind.PATH_IMPORT, path, exc, where)
+            continue
         except Exception as exc:
             yield _failure(Kind.PATH_IMPORT, path, exc, where)
             continue

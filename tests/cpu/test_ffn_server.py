@@ -120,6 +120,7 @@ def _serve(
     device: torch.device = CPU,
     accelerator: Any = None,
     graphs: FFNGraphs | None = None,
+    **options: Any,
 ) -> FFNServer:
     config = VllmConfig(
         additional_config={"afd": {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2}}
@@ -134,6 +135,7 @@ def _serve(
         graphs=graphs,
         on_failure=failures.append,
         accelerator=accelerator,
+        **options,
     )
     server.start()
     deadline = time.monotonic() + 60
@@ -215,6 +217,39 @@ def test_the_server_thread_selects_the_workers_device_and_computes_on_its_own_st
     assert accelerator.streams == [("stream 0", device)]
     assert model.computed_on == [("stream 0", device)] * 4
     assert accelerator.current is None  # left when the loop ended
+
+
+class ContextModel(DoublingModel):
+    """Records the forward context each layer computes in (the platform's, given to the server)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: int | None = None
+        self.contexts: list[int | None] = []
+
+    @contextlib.contextmanager
+    def context(self, vllm_config: VllmConfig, num_tokens: int) -> Iterator[None]:
+        self.current = num_tokens
+        try:
+            yield
+        finally:
+            self.current = None
+
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self.contexts.append(self.current)
+        return super().compute_ffn_output(layer_idx, hidden_states, router_logits)
+
+
+def test_layers_compute_in_the_forward_context_the_server_is_given() -> None:
+    """The platform's forward context (vLLM-Ascend's on an NPU) is entered with the step's token
+    count, and every layer computes inside it."""
+    failures: list[BaseException] = []
+    model = ContextModel()
+    _serve(ScriptedConnector([(1, 2), (0, 4)]), failures, model, forward_context=model.context)
+    assert not failures
+    assert model.contexts == [3, 3, 4, 4]
 
 
 def test_on_the_cpu_no_device_is_selected() -> None:

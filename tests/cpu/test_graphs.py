@@ -4,6 +4,8 @@ and never captures; FFN graph keys (the per-peer split, not the total)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,7 +16,13 @@ from vllm.forward_context import BatchDescriptor, set_forward_context
 
 from afd_models.connectors.base import StepHeader
 from afd_models.connectors.loopback import LoopbackConnector
-from afd_models.graphs import AttentionGraphSteps, FFNGraphKey, full_graph_call, replays_graphs
+from afd_models.graphs import (
+    AttentionGraphSteps,
+    DeviceGraphs,
+    FFNGraphKey,
+    full_graph_call,
+    replays_graphs,
+)
 
 FOUR = BatchDescriptor(num_tokens=4)
 
@@ -42,6 +50,20 @@ def test_a_full_call_without_a_graph_captures_and_with_one_replays() -> None:
     assert _call_in(CUDAGraphMode.FULL, {}) == (False, 4)
     assert _call_in(CUDAGraphMode.FULL, {FOUR: SimpleNamespace(cudagraph=None)}) == (False, 4)
     assert _call_in(CUDAGraphMode.FULL, {FOUR: SimpleNamespace(cudagraph=object())}) == (True, 4)
+
+
+def test_an_acl_graph_entry_holds_its_graph_under_its_own_name() -> None:
+    """vLLM-Ascend's ACL-graph entries keep the graph in ``aclgraph``; the same rule reads it."""
+    with set_forward_context(
+        None, VllmConfig(), cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=FOUR
+    ):
+        captured = {FOUR: SimpleNamespace(aclgraph=object())}
+        assert full_graph_call(CUDAGraphMode.FULL, captured, graph_attribute="aclgraph") == (
+            True,
+            4,
+        )
+        empty = {FOUR: SimpleNamespace(aclgraph=None)}
+        assert full_graph_call(CUDAGraphMode.FULL, empty, graph_attribute="aclgraph") == (False, 4)
 
 
 def test_calls_vllm_neither_captures_nor_replays_are_left_alone() -> None:
@@ -123,3 +145,45 @@ def test_split_steps_are_told_to_the_connector_captured_and_replayed() -> None:
     assert steps.counters.as_dict() == {"graph_captures": 1, "graph_replays": 1, "ubatch_splits": 2}
     with split_step(None, slices, CUDAGraphMode.NONE, {}):
         pass  # before the runner binds its steps: vLLM's own behaviour
+
+
+class FakeDevice:
+    """A torch device module (``torch.cuda``, ``torch.npu``) recording graph captures."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+
+    class NPUGraph:
+        def __init__(self) -> None:
+            self.replays = 0
+
+        def replay(self) -> None:
+            self.replays += 1
+
+    def graph_pool_handle(self) -> str:
+        return "pool"
+
+    def current_stream(self) -> str:
+        return "stream"
+
+    @contextlib.contextmanager
+    def graph(self, graph: object, pool: object, stream: object) -> Iterator[None]:
+        self.log.append(("capture", (type(graph).__name__, pool, stream)))
+        yield
+        self.log.append(("captured", None))
+
+
+def test_npu_graphs_capture_on_the_current_stream_from_one_pool_and_replay() -> None:
+    device = FakeDevice()
+    graphs = DeviceGraphs("npu", device)
+    ran: list[str] = []
+    graph = graphs.capture(lambda: ran.append("layer"))
+    assert device.log == [("capture", ("NPUGraph", "pool", "stream")), ("captured", None)]
+    assert ran == ["layer"]  # captured while it ran
+    graphs.replay(graph)
+    assert graph.replays == 1
+
+
+def test_device_graphs_of_another_device_type_are_refused() -> None:
+    with pytest.raises(ValueError, match="no device graphs on 'cpu'; allowed: cuda, npu"):
+        DeviceGraphs("cpu", FakeDevice())

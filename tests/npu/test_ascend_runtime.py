@@ -27,12 +27,13 @@ def test_the_platform_is_ascend() -> None:
     result = run_python(
         """
         from vllm.platforms import current_platform
-        print(type(current_platform).__name__)
+        from vllm_ascend.platform import NPUPlatform
+        print(isinstance(current_platform, NPUPlatform))
         """,
         dict(os.environ),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines()[-1] == "NPUPlatform"
+    assert result.stdout.splitlines()[-1] == "True"  # vLLM-Ascend's, or AFD's subclass of it
 
 
 def test_the_check_applies_the_worker_patches() -> None:

@@ -8,6 +8,8 @@ import pytest
 
 from afd_models.config import (
     AFDConfigError,
+    CAMAsyncExtraConfig,
+    CAMP2PExtraConfig,
     P2PExtraConfig,
     Role,
     afd_config_from,
@@ -63,7 +65,7 @@ def test_full_config() -> None:
         (
             {"role": "ffn", "connector": "P2pNccl"},
             "connector='P2pNccl' is not allowed; allowed: GlooAFDConnector, NcclAFDConnector, "
-            "LoopbackAFDConnector",
+            "LoopbackAFDConnector, CAMP2PAFDConnector, CAMAsyncAFDConnector",
         ),
         ({"role": "ffn", "port": 0}, "port=0 is not allowed; allowed: an integer in 1..65535"),
         ({"role": "ffn", "port": "80"}, "port='80' is not allowed"),
@@ -276,12 +278,14 @@ def test_the_loopback_connector_is_refused_for_the_ffn_role_at_parse_time() -> N
     assert str(raised.value) == (
         "additional_config.afd.connector='LoopbackAFDConnector' with additional_config.afd.role='ffn' "
         "is not allowed: this connector runs the FFN half inside the Attention engine, so no FFN "
-        "engine is started with it; allowed for role ffn: GlooAFDConnector, NcclAFDConnector"
+        "engine is started with it; allowed for role ffn: GlooAFDConnector, NcclAFDConnector, "
+        "CAMP2PAFDConnector, CAMAsyncAFDConnector"
     )
 
 
 @pytest.mark.parametrize(
-    ("platform", "connector"), [("cpu", "GlooAFDConnector"), ("cuda", "NcclAFDConnector")]
+    ("platform", "connector"),
+    [("cpu", "GlooAFDConnector"), ("cuda", "NcclAFDConnector"), ("npu", "CAMP2PAFDConnector")],
 )
 def test_the_default_connector_is_the_platforms(platform: str, connector: str) -> None:
     config = parse_afd_config({"role": "ffn"}, platform=platform)
@@ -291,11 +295,12 @@ def test_the_default_connector_is_the_platforms(platform: str, connector: str) -
 
 def test_a_platform_without_a_default_needs_a_connector() -> None:
     with pytest.raises(AFDConfigError) as raised:
-        parse_afd_config({"role": "ffn"}, platform="npu")
+        parse_afd_config({"role": "ffn"}, platform="xpu")
     assert str(raised.value) == (
-        "additional_config.afd.connector is required on platform 'npu', which has no default "
-        "connector; allowed: GlooAFDConnector, NcclAFDConnector, LoopbackAFDConnector (the "
-        "defaults: GlooAFDConnector on cpu, NcclAFDConnector on cuda)"
+        "additional_config.afd.connector is required on platform 'xpu', which has no default "
+        "connector; allowed: GlooAFDConnector, NcclAFDConnector, LoopbackAFDConnector, "
+        "CAMP2PAFDConnector, CAMAsyncAFDConnector (the defaults: GlooAFDConnector on cpu, "
+        "NcclAFDConnector on cuda, CAMP2PAFDConnector on npu)"
     )
 
 
@@ -327,7 +332,7 @@ def test_a_connector_of_another_platform_is_refused(
     assert str(raised.value) == message
 
 
-@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "npu"])
 def test_loopback_runs_on_either_platform(platform: str) -> None:
     config = parse_afd_config({"role": "attention", "connector": "LoopbackAFDConnector"})
     check_connector_platform(config, platform)
@@ -337,3 +342,105 @@ def test_dbo_is_an_attention_setting_of_the_nccl_connector() -> None:
     section = {"role": "attention", "connector": "NcclAFDConnector", "dbo": True}
     assert parse_afd_config(section, platform="cuda").dbo
     assert not parse_afd_config({"role": "attention"}, platform="cuda").dbo
+
+
+CAM = {"CAMP2PAFDConnector": False, "CAMAsyncAFDConnector": True}
+
+
+def _cam(connector: str, extra: dict) -> dict:
+    return {
+        "role": "ffn",
+        "connector": connector,
+        "compute_gate_on_attention": CAM[connector],
+        "connector_extra_config": extra,
+    }
+
+
+@pytest.mark.parametrize("connector", CAM)
+def test_cam_connectors_run_on_npu_only(connector: str) -> None:
+    config = parse_afd_config(_cam(connector, {}))
+    check_connector_platform(config, "npu")
+    with pytest.raises(AFDConfigError, match=f"{connector}' moves npu tensors only"):
+        check_connector_platform(config, "cuda")
+
+
+def test_cam_schemas_and_their_defaults() -> None:
+    p2p = parse_afd_config(
+        _cam("CAMP2PAFDConnector", {"core_num": 16, "timeout_s": 5, "force_load_balance": True})
+    ).connector_extra_config
+    assert p2p == CAMP2PExtraConfig(core_num=16, timeout_s=5.0, force_load_balance=True)
+    assert p2p.force_load_balance_topn_per_rank == 0
+    cam = parse_afd_config(
+        _cam("CAMAsyncAFDConnector", {"dynamic_quant": True, "force_load_balance_topn_per_rank": 2})
+    ).connector_extra_config
+    assert cam == CAMAsyncExtraConfig(dynamic_quant=True, force_load_balance_topn_per_rank=2)
+    assert cam.force_load_balance is False
+
+
+EXTRA_KEY = "additional_config.afd.connector_extra_config"
+
+
+@pytest.mark.parametrize(
+    ("connector", "extra", "message"),
+    [
+        (
+            "CAMP2PAFDConnector",
+            {"quant_mode": 0},
+            f"{EXTRA_KEY} has unknown key(s) ['quant_mode'] for CAMP2PAFDConnector; allowed: "
+            "connect_timeout_s, core_num, force_load_balance, force_load_balance_topn_per_rank, "
+            "idle_timeout_s, timeout_s",
+        ),
+        (
+            "CAMAsyncAFDConnector",
+            {"dynamicQuant": 1},
+            f"{EXTRA_KEY} has unknown key(s) ['dynamicQuant'] for CAMAsyncAFDConnector; allowed: "
+            "connect_timeout_s, dynamic_quant, force_load_balance, force_load_balance_topn_per_rank",
+        ),
+        (
+            "CAMP2PAFDConnector",
+            {"core_num": 0},
+            f"{EXTRA_KEY}.core_num=0 is not allowed; allowed: an integer in 1..48",
+        ),
+        (
+            "CAMAsyncAFDConnector",
+            {"dynamic_quant": 1},
+            f"{EXTRA_KEY}.dynamic_quant=1 is not allowed; allowed: true or false",
+        ),
+        (
+            "CAMP2PAFDConnector",
+            {"force_load_balance": "yes"},
+            f"{EXTRA_KEY}.force_load_balance='yes' is not allowed; allowed: true or false",
+        ),
+        (
+            "CAMP2PAFDConnector",
+            {"force_load_balance_topn_per_rank": -1},
+            f"{EXTRA_KEY}.force_load_balance_topn_per_rank=-1 is not allowed; allowed: an integer "
+            ">= 0 (0: spread over all experts)",
+        ),
+        (
+            "CAMAsyncAFDConnector",
+            {"force_load_balance_topn_per_rank": True},
+            f"{EXTRA_KEY}.force_load_balance_topn_per_rank=True is not allowed",
+        ),
+    ],
+)
+def test_cam_schemas_are_closed_and_typed(connector: str, extra: dict, message: str) -> None:
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config(_cam(connector, extra))
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("connector", "gate"), [("CAMP2PAFDConnector", True), ("CAMAsyncAFDConnector", False)]
+)
+def test_cam_connectors_fix_where_the_gate_runs(connector: str, gate: bool) -> None:
+    """CAMP2P moves hidden states only (gate on FFN); CAM async routes on Attention."""
+    section = {**_cam(connector, {}), "compute_gate_on_attention": gate}
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config(section)
+    value = "true" if gate else "false"
+    assert str(raised.value).startswith(
+        f"additional_config.afd.compute_gate_on_attention={value} with "
+        f"additional_config.afd.connector='{connector}' is not allowed: "
+    )
+    assert str(raised.value).endswith(f"allowed: {'false' if gate else 'true'}")

@@ -7,7 +7,7 @@ import textwrap
 import libcst as cst
 import pytest
 
-from codegen.edit import EditError, SuperRewriter, apply_edits
+from codegen.edit import EditError, RelativeImportRewriter, SuperRewriter, apply_edits
 from codegen.markers import Edit, delete, insert_after, insert_before, replace, wrap
 from codegen.pattern import PatternError
 
@@ -173,3 +173,28 @@ def test_super_rewrite() -> None:
     function = cst.parse_module(textwrap.dedent(BEFORE)).body[0]
     rewritten = function.visit(SuperRewriter("Base", "self"))
     assert "super(Base, self).__init__()" in cst.Module(body=[rewritten]).code
+
+
+@pytest.mark.parametrize(
+    ("package", "statement", "absolute"),
+    [
+        ("pkg.quant", "from .adapters import A, B", "from pkg.quant.adapters import A, B"),
+        ("pkg.quant", "from ..ops.linear import L", "from pkg.ops.linear import L"),
+        ("pkg.quant", "from . import adapters", "from pkg.quant import adapters"),
+        ("pkg.quant", "from pkg.ops import L", "from pkg.ops import L"),
+    ],
+)
+def test_relative_imports_in_a_forked_body_become_absolute(
+    package: str, statement: str, absolute: str
+) -> None:
+    """A forked body moves to another package, so its relative imports are spelled out from the
+    upstream module's package (vLLM-Ascend imports lazily inside methods)."""
+    function = cst.parse_module(f"def get(self):\n    {statement}\n    return 1\n").body[0]
+    rewritten = function.visit(RelativeImportRewriter(package))
+    assert cst.Module(body=[rewritten]).code.splitlines()[1].strip() == absolute
+
+
+def test_a_relative_import_above_the_top_package_is_refused() -> None:
+    function = cst.parse_module("def get(self):\n    from ... import x\n").body[0]
+    with pytest.raises(ValueError, match=r"above the top of package pkg\.quant"):
+        function.visit(RelativeImportRewriter("pkg.quant"))

@@ -172,3 +172,18 @@ def test_dbo_runs_on_cuda_only() -> None:
     with pytest.raises(AFDConfigError, match=r"additional_config.afd.dbo=true is not supported on"):
         refuse_unsupported(engine(), section)
     refuse_unsupported(engine(), section, is_cuda=True)
+
+
+@pytest.mark.parametrize("role", ["attention", "ffn"])
+def test_cam_async_is_refused_before_any_weight_loads(role: str) -> None:
+    """Its connectors exist, but no worker drives them yet: both roles refuse it in the worker's
+    __init__ (the FFN role would otherwise load its experts first)."""
+    section = afd(role, connector="CAMAsyncAFDConnector", compute_gate_on_attention=True)
+    with pytest.raises(AFDConfigError) as error:
+        refuse_unsupported(engine(), section)
+    assert str(error.value) == (
+        "additional_config.afd.connector='CAMAsyncAFDConnector' is not served by the AFD workers "
+        "yet (no routing hook on Attention, no expert-grouped FFN step); allowed on npu: "
+        "CAMP2PAFDConnector, LoopbackAFDConnector"
+    )
+    refuse_unsupported(engine(), afd(role, connector="CAMP2PAFDConnector"))

@@ -117,6 +117,9 @@ FAKE_TREE = {
 
             def forward(self):
                 return self.layer
+
+            def name(self):
+                return "model"
         """,
     "fakegen.py": """
         from fakeupstream.models import Model, make_layer
@@ -150,8 +153,13 @@ FAKE_TREE = {
             return "patched"
 
 
+        def name(self):
+            return "patched model"
+
+
         Model.__init__ = __init__
         Model.forward = forward
+        Model.name = name
         """,
     "bareplatform/__init__.py": "",
     "brokenplatform/__init__.py": "",
@@ -169,6 +177,7 @@ CHECK = """
     import libcst as cst
 
     from codegen.checks.runtime import apply_platform_patches, check_classes, check_imports
+    from codegen.markers import contract
     from codegen.model import (
         GeneratedClass, GeneratedMember, MemberDecl, MemberKind, OverlayClass, SymbolRef,
     )
@@ -177,7 +186,11 @@ CHECK = """
     base = SymbolRef("fakeupstream.models", "Model")
     init = cst.parse_statement("def __init__(self): ...")
     fork = MemberDecl("__init__", MemberKind.FORK, init, None)
-    overlay = OverlayClass("AFDModel", (base,), "AFDModel", ("forward",), (fork,), (), None, 1)
+    relies_on = {
+        "forward": (contract("return self.layer", id="returns-its-layer", if_broken="wrong"),),
+        "name": (contract("return $NAME", id="returns-a-name", if_broken="nameless"),),
+    }
+    overlay = OverlayClass("AFDModel", (base,), "AFDModel", relies_on, (fork,), (), None, 1)
     generated = GeneratedClass(
         "AFDModel",
         "fakegen",
@@ -185,7 +198,7 @@ CHECK = """
         overlay,
         Path("overlay/fake.py"),
         (GeneratedMember(fork, base.member("__init__"), None, init),),
-        {"forward": base.member("forward")},
+        {"forward": base.member("forward"), "name": base.member("name")},
     )
     symbols = {
         "fakeupstream.models:make_layer": {
@@ -194,8 +207,13 @@ CHECK = """
         "fakeupstream.models:Model": {"roles": ["overlay_import"], "used_by": ["fakegen:Model"]},
         "fakeupstream.models:Model.forward": {"roles": ["relied_on"], "used_by": []},
     }
-    findings = [*check_classes([generated]), *check_imports(symbols)]
-    print(json.dumps({"applied": applied, "findings": {f.symbol: [f.code, f.message] for f in findings}}))
+    accepted = frozenset(sys.argv[2:])
+    findings = [*check_classes([generated]), *check_imports(symbols, accepted)]
+    print(json.dumps({
+        "applied": applied,
+        "findings": {f.symbol: [f.code, f.message] for f in findings},
+        "severities": {f.symbol: f.severity.value for f in findings},
+    }))
 """
 
 
@@ -208,10 +226,10 @@ def fake_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _check(tree: Path, plugin: str) -> subprocess.CompletedProcess[str]:
+def _check(tree: Path, plugin: str, *accepted: str) -> subprocess.CompletedProcess[str]:
     """CHECK in a fresh interpreter that finds the fake tree on PYTHONPATH (nothing here is patched)."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHECK), plugin],
+        [sys.executable, "-c", textwrap.dedent(CHECK), plugin, *accepted],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)])},
         cwd=tree,
         capture_output=True,
@@ -234,21 +252,35 @@ def test_patch_packages_are_imported_platform_then_worker(patched: dict[str, Any
 
 
 def test_exactly_the_replaced_code_is_reported(patched: dict[str, Any]) -> None:
-    """A fork, a relied-on method and an imported name; the class itself was not replaced."""
+    """A fork, two relied-on methods and an imported name; the class itself was not replaced."""
     assert {symbol: code for symbol, (code, _) in patched["findings"].items()} == {
         "fakegen:AFDModel.__init__": "RT005",
         "fakegen:AFDModel.forward": "RT005",
+        "fakegen:AFDModel.name": "RT005",
         "fakeupstream.models:make_layer": "RT005",
     }
 
 
-def test_patched_relied_on_method_is_reported(patched: dict[str, Any]) -> None:
-    """An inherited method the overlay relies on, replaced by a worker patch."""
+def test_patched_relied_on_method_breaking_a_contract_blocks(patched: dict[str, Any]) -> None:
+    """An inherited method the overlay relies on, replaced by a worker patch whose body breaks
+    the contract: it blocks, naming the contract and what AFD would do wrong."""
     _, message = patched["findings"]["fakegen:AFDModel.forward"]
     assert message == (
         "relied-on Model.forward is replaced by fakeplatform.patch.worker: "
-        "AFD's contract was checked against vLLM's body, not this one"
+        "contracts broken in the replacement: returns-its-layer (wrong)"
     )
+    assert patched["severities"]["fakegen:AFDModel.forward"] == "block"
+
+
+def test_patched_relied_on_method_keeping_its_contracts_is_info(patched: dict[str, Any]) -> None:
+    """vLLM-Ascend replaces DeepseekV2Model.forward with a body that keeps AFD's contracts: the
+    contracts are evaluated on the replacement's source, and holding there is shown, not blocking."""
+    _, message = patched["findings"]["fakegen:AFDModel.name"]
+    assert message == (
+        "relied-on Model.name is replaced by fakeplatform.patch.worker; every contract holds in "
+        "the replacement (returns-a-name)"
+    )
+    assert patched["severities"]["fakegen:AFDModel.name"] == "info"
 
 
 def test_patched_imported_name_is_reported(patched: dict[str, Any]) -> None:
@@ -257,6 +289,24 @@ def test_patched_imported_name_is_reported(patched: dict[str, Any]) -> None:
     assert message == (
         "imported make_layer is replaced by fakeplatform.patch.platform: "
         "AFD (fakegen:make_layer) was checked against vLLM's definition, not this one"
+    )
+
+
+def test_an_accepted_replacement_of_an_imported_name_is_info(fake_tree: Path) -> None:
+    """A replacement the pins accept (vLLM-Ascend's FusedMoE factory) is shown, not blocking;
+    the other replaced code still blocks."""
+    result = _check(fake_tree, "fakeplatform", "fakeplatform.patch.platform:make_layer")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["severities"] == {
+        "fakegen:AFDModel.__init__": "block",
+        "fakegen:AFDModel.forward": "block",
+        "fakegen:AFDModel.name": "info",
+        "fakeupstream.models:make_layer": "info",
+    }
+    assert report["findings"]["fakeupstream.models:make_layer"][1] == (
+        "imported make_layer is fakeplatform.patch.platform:make_layer, a replacement "
+        "overlay/pins.toml accepts: AFD (fakegen:make_layer) uses it as upstream code would"
     )
 
 
@@ -273,7 +323,8 @@ def test_nothing_is_reported_without_patch_packages(fake_tree: Path) -> None:
     """A plugin without patch packages applies nothing, and upstream's own code is not reported."""
     result = _check(fake_tree, "bareplatform")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.splitlines()[-1]) == {"applied": [], "findings": {}}
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["applied"] == [] and report["findings"] == {}
 
 
 def test_a_patch_module_that_fails_to_import_is_not_hidden(fake_tree: Path) -> None:
@@ -297,6 +348,14 @@ def test_platform_package_is_the_out_of_tree_platforms_package() -> None:
     """vLLM's own platforms have no patches to apply; an out-of-tree one names its package."""
     assert platform_package(_InTree()) is None
     assert platform_package(_OutOfTree()) == __name__.partition(".")[0]
+
+
+def test_afds_platform_subclass_stands_for_the_plugin_it_derives_from() -> None:
+    """AFD's NPU platform lives in afd_models; the patches to apply are its base's plugin's."""
+    afd_platform = type(
+        "AFDPlatform", (_OutOfTree,), {"__module__": "afd_models._generated.vllm_ascend.platform"}
+    )
+    assert platform_package(afd_platform()) == __name__.partition(".")[0]
 
 
 def test_a_module_import_is_a_symbol_of_its_own() -> None:

@@ -1,4 +1,5 @@
-"""The drift checker on real upgrades (0.26.0 -> 0.27.0 / 0.28.0), its exit codes, and mutation testing."""
+"""The drift checker on real upgrades (vLLM 0.26.0 -> 0.27.0 / 0.28.0, vLLM-Ascend 0.23.0 ->
+0.26.0rc1), its exit codes, and mutation testing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from codegen.cli import main
-from codegen.drift_cli import run_drift
+from codegen.drift_cli import UnknownPackage, drift_markdown, run_drift
+from codegen.findings import summary
 from codegen.mutations import run as run_mutations
 
 from .conftest import REPO
@@ -120,6 +122,100 @@ def test_formats_and_exit_codes(tmp_path: Path) -> None:
 def test_internal_error_exits_3(tmp_path: Path) -> None:
     """An unknown version (nothing to download) is a tool error: exit 3, never 0."""
     assert main(["drift", "--to", "0.0.0-nonexistent", "--out", str(tmp_path / "x.md")]) == 3
+
+
+# --- vLLM-Ascend: `--package vllm_ascend` compares its releases, vLLM stays at its pin ---------------
+
+ASCEND_OLD, ASCEND_PIN = "0.23.0", "0.26.0rc1"
+W8A8 = "afd_models._generated.vllm_ascend.quantization.methods.w8a8_dynamic"
+#: Every block and review finding of vLLM-Ascend 0.23.0 -> 0.26.0rc1 (the reading is in
+#: docs/reports/drift-vllm_ascend-0.23.0-to-0.26.0rc1.reading.md).
+ASCEND_ALARMS = {
+    ("DRF001", "block", "vllm_ascend.flash_common3_context:get_flash_common3_context"),
+    ("DRF022", "review", "vllm_ascend.ops.fused_moe.moe_runtime_args:build_fused_experts_input"),
+    ("DRF032", "review", f"{W8A8}:AFDAscendW8A8DynamicFusedMoEMethod.apply"),
+    (
+        "DRF032",
+        "review",
+        "afd_models._generated.vllm_ascend.quantization.modelslim_config:AFDAscendModelSlimConfig.get_quant_method",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ascend_upgrade():  # type: ignore[no-untyped-def]
+    return run_drift(REPO, ASCEND_PIN, package="vllm_ascend", from_version=ASCEND_OLD)
+
+
+def test_package_choice_moves_only_that_package() -> None:
+    """``package="vllm_ascend"``: ``--to`` is a vLLM-Ascend version, vLLM stays at its pin; the
+    pinned release against itself finds nothing."""
+    run = run_drift(REPO, ASCEND_PIN, package="vllm_ascend")
+    assert (run.package, run.old_version, run.new_version) == (
+        "vllm_ascend",
+        ASCEND_PIN,
+        ASCEND_PIN,
+    )
+    assert run.new_index.sources["vllm"].version == "0.26.0"
+    assert run.new_index.sources["vllm_ascend"].version == ASCEND_PIN
+    assert "ascend" in run.origins["to"] and run.findings == []
+
+
+def test_unknown_package_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A package pins.toml does not declare: exit 2 before any source is looked up (the version
+    does not exist: looking it up would be exit 3), naming the value and the allowed packages."""
+    out = tmp_path / "x.md"
+    assert main(["drift", "--package", "vllm-ascend", "--to", "0.0.0-none", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "--package 'vllm-ascend' is not pinned" in error
+    assert "allowed: vllm, vllm_ascend" in error and not out.exists()
+    with pytest.raises(UnknownPackage, match="allowed: vllm, vllm_ascend"):
+        run_drift(REPO, "0.0.0-none", package="torch")
+
+
+def test_ascend_release_drift_reads_both_sdists(ascend_upgrade) -> None:  # type: ignore[no-untyped-def]
+    """vLLM-Ascend 0.23.0 -> 0.26.0rc1 from their PyPI sdists: the alarms are the pinned list, every
+    finding is about vLLM-Ascend (vLLM is the pinned 0.26.0 on both sides) and the known changes
+    are classified: a fork's callee gained parameters, a worker helper lost one."""
+    run = ascend_upgrade
+    assert (
+        "vllm_ascend-0.23.0.tar.gz" in run.origins["from"]
+        or "vllm-ascend-0.23.0" in run.origins["from"]
+    )
+    assert run.old_index.sources["vllm_ascend"].version == ASCEND_OLD
+    assert (
+        run.old_index.sources["vllm"].version == run.new_index.sources["vllm"].version == "0.26.0"
+    )
+    alarms = {
+        (f.code, f.severity.value, f.symbol) for f in run.findings if f.severity.value != "info"
+    }
+    assert alarms == ASCEND_ALARMS, sorted(alarms)
+    assert all("vllm_ascend" in f.symbol for f in run.findings), [
+        f.symbol for f in run.findings if "vllm_ascend" not in f.symbol
+    ]
+    callee = [f.new for f in run.findings if f.code == "DRF022"]
+    assert any("swiglu_alpha" in (new or "") for new in callee)
+    lost = _by(run.findings, "DRF011")
+    full_graph = (
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._update_full_graph_params_if_needed"
+    )
+    assert "'positions'" in lost[full_graph].message and lost[full_graph].severity.value == "info"
+
+
+def test_ascend_report_formats(tmp_path: Path, ascend_upgrade) -> None:  # type: ignore[no-untyped-def]
+    """The CLI writes the vLLM-Ascend report: JSON names the package and both versions, Markdown
+    the command that made it; blocking findings exit 2."""
+    argv = ["drift", "--package", "vllm_ascend", "--from", ASCEND_OLD, "--to", ASCEND_PIN]
+    assert main([*argv, "--format", "json", "--out", str(tmp_path / "d.json")]) == 2
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert (data["package"], data["from"], data["to"]) == ("vllm_ascend", ASCEND_OLD, ASCEND_PIN)
+    assert data["summary"] == summary(ascend_upgrade.findings)
+    text = drift_markdown(ascend_upgrade)
+    assert text.startswith(f"# Drift: vLLM-Ascend {ASCEND_OLD} -> {ASCEND_PIN}\n")
+    command = f"python -m codegen drift --package vllm_ascend --from {ASCEND_OLD} --to {ASCEND_PIN}"
+    assert f"`{command}`" in text
 
 
 def test_audit_writes_report_and_leaves_overlay_alone(tmp_path: Path) -> None:

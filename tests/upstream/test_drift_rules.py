@@ -205,3 +205,37 @@ def test_class_member_a_fork_calls_is_recorded(upstream_copy: Path, tmp_path: Pa
         code in ("DRF001", "DRF003") and s == called and sev == "block"
         for code, sev, s in alarms(removed)
     )
+
+
+# --- a callee's signature: a parameter every old call still binds is info -----------------------
+
+WORKSPACE = "vllm/v1/worker/workspace.py"
+WORKSPACE_PARAMS = "    device: torch.device, num_ubatches: int | None = None\n"
+#: called by the NPU worker's fork of vLLM-Ascend's init_device: (self.device, num_ubatches)
+INIT_WORKSPACE = "vllm.v1.worker.workspace:init_workspace_manager"
+
+
+def test_a_callee_parameter_old_calls_still_bind_is_info(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    """vLLM 0.28's new trailing ``num_lanes: int = 1``: info. The same parameter before
+    ``num_ubatches`` would take the fork's second positional argument, and one without a default
+    would fail every old call: both stay review."""
+
+    def callee(params: str, where: str) -> Finding:
+        changes = {WORKSPACE: once(WORKSPACE_PARAMS, params)}
+        return by_code(drift(upstream_copy, tmp_path / where, changes), "DRF022")[INIT_WORKSPACE]
+
+    appended = callee(
+        "    device: torch.device, num_ubatches: int | None = None, num_lanes: int = 1\n", "end"
+    )
+    assert appended.severity.value == "info"
+    assert "param added 'num_lanes'" in appended.message
+    inserted = callee(
+        "    device: torch.device, num_lanes: int = 1, num_ubatches: int | None = None\n", "mid"
+    )
+    assert inserted.severity.value == "review"
+    required = callee(
+        "    device: torch.device, num_ubatches: int | None = None, *, num_lanes: int\n", "req"
+    )
+    assert required.severity.value == "review"

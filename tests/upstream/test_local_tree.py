@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from codegen.cli import main
+from codegen.generate import PINS_PATH
+from codegen.sources import from_cache, load_pins
 
 from .conftest import REPO, changed_tree, once
 from .test_mutations import DEEPSEEK, GPU_WORKER
@@ -88,7 +90,12 @@ def test_pinned_release_unavailable_is_said(
     root = changed_tree(
         upstream_copy, tmp_path, {DEEPSEEK: once("    if scale <= 1:", "    if scale < 1:")}
     )
-    monkeypatch.setenv("AFD_CACHE_DIR", str(tmp_path / "empty-cache"))
+    # a cache without vLLM's pinned release; vLLM-Ascend's source stays available
+    ascend = from_cache(load_pins(REPO / PINS_PATH)["vllm_ascend"], "0.26.0rc1", quiet=True)
+    cache = tmp_path / "vllm-cache-missing"
+    (cache / "sources").mkdir(parents=True)
+    (cache / "sources" / ascend.root.name).symlink_to(ascend.root)
+    monkeypatch.setenv("AFD_CACHE_DIR", str(cache))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")  # nothing listens there
 
     code, output = _check(root)

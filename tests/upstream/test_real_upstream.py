@@ -27,10 +27,11 @@ def test_installed_and_downloaded_sources_agree(pinned: Context) -> None:
     """The wheel in the download cache holds the same upstream files as the installed distribution."""
     cached = open_context(REPO, use_installed=False, quiet=True)
     generation, index = generate(pinned)
-    used = [info.path for info in index.loaded()]
-    for relative in used:
-        assert (cached.sources["vllm"].root / relative).read_bytes() == (
-            pinned.sources["vllm"].root / relative
+    used = [(info.name.partition(".")[0], info.path) for info in index.loaded()]
+    assert {package for package, _ in used} == {"vllm", "vllm_ascend"}
+    for package, relative in used:
+        assert (cached.sources[package].root / relative).read_bytes() == (
+            pinned.sources[package].root / relative
         ).read_bytes()
     again, _ = generate(cached)
     assert again.files == generation.files
@@ -66,3 +67,33 @@ def test_lock_records_what_the_overlay_relies_on(pinned: Context) -> None:
 def test_paths_are_repo_relative(pinned: Context) -> None:
     generation, _ = generate(pinned)
     assert all(not Path(p).is_absolute() for p in generation.files)
+
+
+def test_vllm_ascends_replacement_of_a_relied_on_forward_keeps_its_contracts() -> None:
+    """vLLM-Ascend's worker patch replaces DeepseekV2Model.forward, which the AFD model relies on;
+    on an NPU host the runtime check evaluates the contracts on the replacement (RT005 info when
+    they hold). They do hold in 0.26.0rc1's replacement, read here from its source release."""
+    import ast
+
+    from codegen.contracts import evaluate_source
+    from codegen.overlay import load_overlay
+
+    pin = Pin("vllm_ascend", "0.26.0rc1", (Distribution("vllm-ascend", "sdist"),))
+    path = (
+        from_cache(pin, "0.26.0rc1", quiet=True).package_dir / "patch/worker/patch_deepseek_v2.py"
+    )
+    text = path.read_text()
+    patched = next(
+        node
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef) and node.name == "_patched_forward"
+    )
+    assert "DeepseekV2Model.forward = _patched_forward" in text
+    source = "\n".join(text.splitlines()[patched.lineno - 1 : patched.end_lineno]) + "\n"
+    overlay = load_overlay(REPO, Path("overlay/vllm/model_executor/models/deepseek_v2.py"))
+    model = next(c for c in overlay.classes if c.name == "AFDDeepseekV2Model")
+    matches = evaluate_source(source, model.relies_on["forward"])
+    assert [(m.contract.id, len(m.lines)) for m in matches] == [
+        ("every-layer-in-order", 1),
+        ("embedding-on-first-rank-only", 1),
+    ]

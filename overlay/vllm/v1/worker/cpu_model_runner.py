@@ -8,22 +8,20 @@ connector to the model's remote proxies; the FFN runner loads the FFN half, conn
 steps.
 """
 
+import functools
+
 import numpy as np
 import torch
 from vllm.compilation.cuda_graph import CUDAGraphStat, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
-from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.forward_context import BatchDescriptor
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
-from afd_models.connectors.factory import connect_ffn, prepare_attention
 from afd_models.dbo import split_single_rank
 from afd_models.ffn_server import FFNServer
 from afd_models.generated import generated_subclass
-from afd_models.graphs import AttentionGraphSteps, CudaGraphs, FFNGraphs
-from afd_models.log import exit_process
-from afd_models.models.remote import bind_connector
+from afd_models.runner_roles import load_attention, load_ffn, start_ffn_server, stop_role
 from codegen.markers import delta, extend, override, subclass
 
 RUNNER_BASES = ("CPUModelRunner", "vllm.v1.worker.gpu_model_runner:GPUModelRunner")
@@ -51,15 +49,8 @@ class AFDAttentionModelRunner(CPUModelRunner):
 
     @override(deltas=LOAD_SPANS)
     def load_model(self, load_dummy_weights: bool = False) -> None:
-        connect = prepare_attention(self.vllm_config, get_tensor_model_parallel_rank(), self.device)
-        super().load_model(load_dummy_weights=load_dummy_weights)
-        self.afd_connector = connect(self.get_model())
-        self.afd_connector.set_layers(bind_connector(self.get_model(), self.afd_connector))
-        # vLLM's GPU runner budgets the weights it measured while loading; an in-process FFN
-        # half was built before, so it counts here, or the KV cache would take its memory
-        if hasattr(self, "model_memory_usage"):
-            self.model_memory_usage += self.afd_connector.in_process_weight_bytes()
-        self.afd_graph_steps = AttentionGraphSteps(self.afd_connector)
+        load = functools.partial(super().load_model, load_dummy_weights=load_dummy_weights)
+        self.afd_connector, self.afd_graph_steps = load_attention(self, load)
         if type(self.model) is CUDAGraphWrapper:
             # vLLM's FULL-graph wrapper, replaced by the AFD one that announces replays
             wrapper = generated_subclass("AFDCUDAGraphWrapper", CUDAGraphWrapper)
@@ -134,15 +125,8 @@ class AFDAttentionModelRunner(CPUModelRunner):
 
     @override
     def shutdown(self) -> None:
-        steps = getattr(self, "afd_graph_steps", None)
-        if steps is not None:
-            steps.report()
-        # the connector first: vLLM's shutdown synchronizes the device, which would wait forever
-        # on a transfer still pending on a peer that is gone (closing aborts it)
-        connector = getattr(self, "afd_connector", None)
         try:
-            if connector is not None:
-                connector.close()
+            stop_role(self)
         finally:
             super().shutdown()
 
@@ -163,41 +147,19 @@ class AFDFFNModelRunner(CPUModelRunner):
 
     @override(deltas=LOAD_SPANS)
     def load_model(self, load_dummy_weights: bool = False) -> None:
-        super().load_model(load_dummy_weights=load_dummy_weights)
-        self.afd_connector = connect_ffn(
-            self.vllm_config, get_tensor_model_parallel_rank(), self.get_model(), self.device
-        )
+        load = functools.partial(super().load_model, load_dummy_weights=load_dummy_weights)
+        self.afd_connector = load_ffn(self, load)
         self.afd_server: FFNServer | None = None
 
     @extend
-    def start_afd_server(self, cuda_graphs: bool) -> FFNServer:
-        """Start serving the Attention peers in a background thread; a failure ends the process.
-
-        With ``cuda_graphs`` on a CUDA device, steps every peer replays from a graph run from
-        FFN graphs (afd_models.graphs); otherwise every step runs eagerly.
-        """
-        graphs = FFNGraphs(CudaGraphs()) if cuda_graphs and self.device.type == "cuda" else None
-        self.afd_server = FFNServer(
-            self.get_model(),
-            self.vllm_config,
-            self.afd_connector,
-            hidden_size=self.model_config.get_hidden_size(),
-            dtype=self.model_config.dtype,
-            device=self.device,
-            graphs=graphs,
-            on_failure=exit_process,
-        )
-        self.afd_server.start()
+    def start_afd_server(self, device_graphs: bool) -> FFNServer:
+        """Start serving the Attention peers (:func:`afd_models.runner_roles.start_ffn_server`)."""
+        self.afd_server = start_ffn_server(self, self.afd_connector, device_graphs)
         return self.afd_server
 
     @override
     def shutdown(self) -> None:
-        server = getattr(self, "afd_server", None)
-        connector = getattr(self, "afd_connector", None)
         try:
-            if server is not None:
-                server.stop()
-            if connector is not None:  # before vLLM's device synchronize, as on Attention
-                connector.close()
+            stop_role(self)
         finally:
             super().shutdown()

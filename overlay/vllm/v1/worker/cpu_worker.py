@@ -20,7 +20,14 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from afd_models.config import Role
 from afd_models.engine import prepare_worker_config
 from afd_models.generated import generated_subclass
-from afd_models.graphs import GraphCounters
+from afd_models.runner_roles import (
+    ffn_counters,
+    ffn_recent_steps,
+    ffn_server_of,
+    refuse_requests,
+    refuse_sampling,
+    serve_from_config,
+)
 from codegen.markers import delta, extend, override, subclass
 
 WORKER_BASES = ("CPUWorker", "vllm.v1.worker.gpu_worker:Worker")
@@ -93,8 +100,8 @@ class AFDFFNWorker(CPUWorker):
             config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )
         # the FFN worker's own config runs eagerly; the operator's --enforce-eager (on the
-        # engine's config) says whether it may replay CUDA graphs for the Attention's replays
-        self.afd_cuda_graphs = not vllm_config.model_config.enforce_eager
+        # engine's config) says whether it may replay device graphs for the Attention's replays
+        self.afd_device_graphs = not vllm_config.model_config.enforce_eager
 
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
@@ -135,12 +142,7 @@ class AFDFFNWorker(CPUWorker):
         )
     )
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
-        if kv_cache_config.kv_cache_groups:
-            raise RuntimeError(
-                "the AFD FFN worker reported no KV cache, but the engine configured one"
-            )
-        self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
-        self.model_runner.start_afd_server(self.afd_cuda_graphs)
+        serve_from_config(self, kv_cache_config, self.afd_device_graphs)
 
     @override(
         deltas=(
@@ -161,19 +163,14 @@ class AFDFFNWorker(CPUWorker):
     def execute_model(
         self, scheduler_output: "SchedulerOutput"
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
-        if scheduler_output.total_num_scheduled_tokens:
-            raise RuntimeError(
-                "the AFD FFN engine serves no requests; send them to the Attention engine"
-            )
+        refuse_requests(scheduler_output)
         return EMPTY_MODEL_RUNNER_OUTPUT
 
     @override(deltas=(RUNS_NOTHING,))
     def sample_tokens(
         self, grammar_output: "GrammarOutput | None"
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        raise RuntimeError(
-            "the AFD FFN engine samples no tokens; send requests to the Attention engine"
-        )
+        refuse_sampling()
 
     @override
     def execute_dummy_batch(self) -> None:
@@ -182,19 +179,16 @@ class AFDFFNWorker(CPUWorker):
     @override
     def check_health(self) -> None:
         super().check_health()
-        server = getattr(self.model_runner, "afd_server", None)
-        if server is not None:
+        if (server := ffn_server_of(self)) is not None:
             server.raise_if_failed()
 
     @extend
     def afd_counters(self) -> dict[str, int]:
         """Graph captures and replays of the FFN graphs (``collective_rpc("afd_counters")``)."""
-        server = getattr(self.model_runner, "afd_server", None)
-        return GraphCounters().as_dict() if server is None else server.counters()
+        return ffn_counters(self)
 
     @extend
     def afd_ffn_steps(self) -> list[dict[str, object]]:
         """The FFN server's recent steps (``collective_rpc("afd_ffn_steps")``): what each
         Attention peer announced and what this FFN rank computed on."""
-        server = getattr(self.model_runner, "afd_server", None)
-        return [] if server is None else server.recent_steps()
+        return ffn_recent_steps(self)

@@ -1,0 +1,152 @@
+"""What the generated workers and model runners of each role do, whatever the upstream class
+(CPU, CUDA, Ascend NPU).
+
+The overlays declare one subclass per upstream class family, since each has its own signatures,
+decorators and graph wrapper; their bodies call these for the part that is the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from vllm.distributed import get_tensor_model_parallel_rank
+
+from afd_models.connectors.base import AFDConnector
+from afd_models.connectors.factory import connect_ffn, prepare_attention
+from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
+from afd_models.graphs import (
+    GRAPH_CLASSES,
+    AttentionGraphSteps,
+    DeviceGraphs,
+    FFNGraphs,
+    GraphCounters,
+)
+from afd_models.log import exit_process
+from afd_models.models.remote import bind_connector
+
+
+def load_attention(
+    runner: Any, load: Callable[[], None]
+) -> tuple[AFDConnector, AttentionGraphSteps]:
+    """Load the Attention model with ``load`` (upstream's ``load_model``) and connect it.
+
+    The connector is prepared first (config checks; a loopback connector builds its FFN half),
+    connects once the model is loaded (the handshake compares the loaded models; the FFN role
+    computes during vLLM's profiling forward, which comes later) and is bound to the model's
+    remote proxies. Returns the connector and the graph steps that announce graph replays.
+    """
+    connect = prepare_attention(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
+    load()
+    connector = connect(runner.get_model())
+    connector.set_layers(bind_connector(runner.get_model(), connector))
+    # vLLM's device runners budget the weights they measured while loading; an in-process FFN
+    # half was built before, so it counts here, or the KV cache would take its memory
+    if hasattr(runner, "model_memory_usage"):
+        runner.model_memory_usage += connector.in_process_weight_bytes()
+    return connector, AttentionGraphSteps(connector)
+
+
+def load_ffn(runner: Any, load: Callable[[], None]) -> AFDConnector:
+    """Load the FFN half with ``load`` (upstream's ``load_model``) and connect to the Attention
+    role (this waits for it, bounded by the connector's ``connect_timeout_s``)."""
+    load()
+    return connect_ffn(
+        runner.vllm_config, get_tensor_model_parallel_rank(), runner.get_model(), runner.device
+    )
+
+
+def start_ffn_server(
+    runner: Any,
+    connector: AFDConnector,
+    device_graphs: bool,
+    forward_context: ForwardContext = vllm_forward_context,
+) -> FFNServer:
+    """Serve the Attention peers from a background thread; a failure ends the process.
+
+    With ``device_graphs`` on a device that has them (CUDA, NPU), steps every peer replays from
+    a graph run from FFN graphs (afd_models.graphs); otherwise every step runs eagerly. Each
+    layer computes in ``forward_context`` (the platform's: vLLM-Ascend's on an NPU).
+    """
+    device_type = runner.device.type
+    graphs = (
+        FFNGraphs(DeviceGraphs(device_type))
+        if device_graphs and device_type in GRAPH_CLASSES
+        else None
+    )
+    server = FFNServer(
+        runner.get_model(),
+        runner.vllm_config,
+        connector,
+        hidden_size=runner.model_config.get_hidden_size(),
+        dtype=runner.model_config.dtype,
+        device=runner.device,
+        graphs=graphs,
+        on_failure=exit_process,
+        forward_context=forward_context,
+    )
+    server.start()
+    return server
+
+
+def stop_role(runner: Any) -> None:
+    """Before upstream's shutdown: report the graph steps, stop the FFN server, close the
+    connector. The connector closes first because upstream's shutdown synchronizes the device,
+    which would wait forever on a transfer still pending on a peer that is gone (closing aborts
+    it). Each part is optional: a runner that failed to load has none of them."""
+    steps = getattr(runner, "afd_graph_steps", None)
+    if steps is not None:
+        steps.report()
+    server = getattr(runner, "afd_server", None)
+    connector = getattr(runner, "afd_connector", None)
+    try:
+        if server is not None:
+            server.stop()
+    finally:
+        if connector is not None:
+            connector.close()
+
+
+# --- the FFN worker's part, whatever its upstream worker -----------------------------------------
+
+
+def serve_from_config(worker: Any, kv_cache_config: Any, device_graphs: bool) -> None:
+    """``initialize_from_config`` of an FFN worker: no KV cache was configured (the worker reports
+    none), and the FFN server starts serving."""
+    if kv_cache_config.kv_cache_groups:
+        raise RuntimeError("the AFD FFN worker reported no KV cache, but the engine configured one")
+    worker.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+    worker.model_runner.start_afd_server(device_graphs)
+
+
+def refuse_requests(scheduler_output: Any) -> None:
+    """The FFN engine schedules nothing: a scheduler step with tokens is a misrouted request."""
+    if scheduler_output.total_num_scheduled_tokens:
+        raise RuntimeError(
+            "the AFD FFN engine serves no requests; send them to the Attention engine"
+        )
+
+
+def refuse_sampling() -> NoReturn:
+    """The FFN engine samples nothing."""
+    raise RuntimeError(
+        "the AFD FFN engine samples no tokens; send requests to the Attention engine"
+    )
+
+
+def ffn_server_of(worker: Any) -> FFNServer | None:
+    """The FFN worker's server, once its runner started one."""
+    server: FFNServer | None = getattr(worker.model_runner, "afd_server", None)
+    return server
+
+
+def ffn_counters(worker: Any) -> dict[str, int]:
+    """Graph captures and replays of the FFN graphs (zero before the server starts)."""
+    server = ffn_server_of(worker)
+    return GraphCounters().as_dict() if server is None else server.counters()
+
+
+def ffn_recent_steps(worker: Any) -> list[dict[str, object]]:
+    """What each Attention peer announced and what this FFN rank computed on, recently."""
+    server = ffn_server_of(worker)
+    return [] if server is None else server.recent_steps()
