@@ -404,6 +404,12 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             "micro-batches overlap their exchanges with an FFN engine of its own, on CUDA; "
             f"allowed connectors: {', '.join(sorted(DBO_CONNECTORS))}"
         )
+    if config.is_attention and getattr(config.connector_extra_config, "force_load_balance", False):
+        raise AFDConfigError(
+            f"{_where('connector_extra_config.force_load_balance')}=true is not allowed with "
+            f"{_where('role')}='attention': the experts, and so their load, are the FFN role's; "
+            "allowed: false (set it on the FFN engine)"
+        )
     gate = config.compute_gate_on_attention
     if (connector in GATE_ON_ATTENTION_CONNECTORS and not gate) or (
         connector in GATE_ON_FFN_CONNECTORS and gate

@@ -141,6 +141,8 @@ class ForceLoadBalancer:
         self.num_experts = num_experts
         self.top_k = top_k
         self._buffer: torch.Tensor | None = None
+        #: buffers a larger one replaced: graphs captured over them still read their memory
+        self._replaced: list[torch.Tensor] = []
 
     def expert_cycle(self) -> torch.Tensor:
         """This rank's cycle of expert ids (int64, on the CPU)."""
@@ -178,9 +180,10 @@ class ForceLoadBalancer:
         ``top_k``; those are kept as they are. Without it the result is a view of the buffer:
         read it, do not write it.
 
-        The buffer is built on the first call, on the ids' device, so make that call outside
-        graph capture (a warm-up step); it doubles, outside capture too, when a step has more
-        tokens than it holds (earlier rows stay the same).
+        The buffer is built on the first call, on the ids' device, and doubles when a step has
+        more tokens than it holds (earlier rows stay the same); both happen in eager steps (the
+        FFN graphs run each step shape eagerly before capturing it). A replaced buffer is kept:
+        a graph captured over it still reads its memory.
         """
         columns = topk_ids.shape[1] if topk_ids.dim() == 2 else -1
         if columns < self.top_k or (columns != self.top_k and not mix_placement):
@@ -200,6 +203,8 @@ class ForceLoadBalancer:
             or buffer.device != topk_ids.device
             or buffer.dtype != topk_ids.dtype
         ):
+            if buffer is not None:
+                self._replaced.append(buffer)
             buffer = self._buffer = self._build(rows, topk_ids)
         routed = buffer[:num_tokens]
         if columns == self.top_k:

@@ -9,6 +9,7 @@ keeps vLLM-Ascend's general plugins). The AFD NPU workers refuse to run on any o
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from afd_models.config import AFDConfigError
 
@@ -18,7 +19,7 @@ AFD_NPU_PLATFORM = "afd_models._generated.vllm_ascend.platform.AFDNPUPlatform"
 #: general plugins (not its platform plugin ``ascend``: only one platform may be active)
 NPU_PLUGINS = (
     "afd_npu",
-    "afd",
+    "afd_models",
     "ascend_kv_connector",
     "ascend_model_loader",
     "ascend_service_profiling",
@@ -31,11 +32,10 @@ def npu_platform() -> str | None:
 
     Ours only when ``VLLM_PLUGINS`` names this plugin and vLLM-Ascend is installed: vLLM loads
     every platform plugin when ``VLLM_PLUGINS`` is unset, and two active ones are an error, so
-    installing this package must never compete with vLLM-Ascend's own platform.
+    installing this package must never compete with vLLM-Ascend's own platform. Nothing is
+    imported here: vLLM calls this while it is still choosing its platform.
     """
-    import vllm.envs as envs
-
-    named = envs.VLLM_PLUGINS is not None and NPU_PLUGINS[0] in envs.VLLM_PLUGINS
+    named = NPU_PLUGINS[0] in os.environ.get("VLLM_PLUGINS", "").split(",")
     if named and importlib.util.find_spec("vllm_ascend") is not None:
         return AFD_NPU_PLATFORM
     return None

@@ -12,8 +12,8 @@ from typing import Any, NoReturn
 
 from vllm.distributed import get_tensor_model_parallel_rank
 
-from afd_models.connectors.base import AFDConnector
-from afd_models.connectors.factory import connect_ffn, prepare_attention
+from afd_models.connectors.base import AFDConnector, FFNConnector
+from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.graphs import (
     GRAPH_CLASSES,
@@ -47,18 +47,18 @@ def load_attention(
     return connector, AttentionGraphSteps(connector)
 
 
-def load_ffn(runner: Any, load: Callable[[], None]) -> AFDConnector:
+def load_ffn(runner: Any, load: Callable[[], None]) -> FFNConnector:
     """Load the FFN half with ``load`` (upstream's ``load_model``) and connect to the Attention
-    role (this waits for it, bounded by the connector's ``connect_timeout_s``)."""
+    role (this waits for it, bounded by the connector's ``connect_timeout_s``). The connector is
+    prepared first: topology and kernel errors come before any weight is read."""
+    connect = prepare_ffn(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
     load()
-    return connect_ffn(
-        runner.vllm_config, get_tensor_model_parallel_rank(), runner.get_model(), runner.device
-    )
+    return connect(runner.get_model())
 
 
 def start_ffn_server(
     runner: Any,
-    connector: AFDConnector,
+    connector: FFNConnector,
     device_graphs: bool,
     forward_context: ForwardContext = vllm_forward_context,
 ) -> FFNServer:

@@ -25,8 +25,8 @@ from afd_models._generated.vllm.v1.worker.cpu_worker import (
 
 NPU_WORKERS = ("AFDAttentionNPUWorker", "AFDFFNNPUWorker")
 
+# the NPU names stay out of __all__: a star import must not need vLLM-Ascend
 __all__ = ["AFDAttentionCPUWorker", "AFDAttentionWorker", "AFDFFNCPUWorker", "AFDFFNWorker"]
-__all__ += NPU_WORKERS
 
 
 def __getattr__(name: str) -> Any:

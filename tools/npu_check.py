@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validate an AFD install on an Ascend NPU host (vLLM-Ascend 0.26.0rc1), and report.
 
-    export VLLM_PLUGINS=afd_npu,afd,ascend_kv_connector,ascend_model_loader,ascend_service_profiling,ascend_model
+    export VLLM_PLUGINS=afd_npu,afd_models,ascend_kv_connector,ascend_model_loader,ascend_service_profiling,ascend_model
     python tools/npu_check.py [--json PATH] [--work-dir DIR] [--engine-timeout S]
 
 Run from the repository root, in the operator's NPU environment (CANN, torch_npu, this checkout
@@ -57,7 +57,7 @@ VLLM_ASCEND_VERSION = "0.26.0rc1"
 
 #: AFD's platform plugin (pyproject.toml, ``vllm.platform_plugins``) and general plugin
 PLATFORM_PLUGIN = "afd_npu"
-GENERAL_PLUGIN = "afd"
+GENERAL_PLUGIN = "afd_models"
 #: vLLM-Ascend's platform plugin, which must stay out: vLLM activates one platform plugin only
 ASCEND_PLATFORM_PLUGIN = "ascend"
 #: vLLM-Ascend's general plugins (its patches and registrations), needed with either platform
@@ -506,6 +506,14 @@ def probe_main(out: Path) -> int:
         "vllm": importlib.metadata.version("vllm"),
         "vllm_ascend": importlib.metadata.version("vllm_ascend"),
     }
+    try:
+        # first: with AFD's platform selected, vLLM imports afd_models while it picks the
+        # platform, and stale generated code should be reported as such
+        import afd_models
+    except ImportError as exc:
+        info["afd_models_error"] = f"{type(exc).__name__}: {exc}"
+        gpu_check._write_result(out, info)
+        return 0
     from vllm.platforms import current_platform
     from vllm_ascend.platform import NPUPlatform
 

@@ -8,8 +8,8 @@ and they first look each module up without importing it, so that a machine witho
 one error naming everything missing and what to install, before any port or device is touched.
 
 - CAMP2P: ``torch.ops.afd_ascend.a2e`` / ``e2a``, registered by the public AFD plugin's Ascend
-  extension ``afd_plugin._C_ascend`` (built with ``pip install vllm-afd-plugin`` in a CANN and
-  torch_npu environment).
+  extension ``afd_plugin._C_ascend`` (built from its repository in a CANN and torch_npu
+  environment; docs/npu.md, "Install").
 - CAM async: ``torch.ops.umdk_cam_op_lib.async_{dispatch,combine}_{send,recv}``, registered by
   the ``umdk_cam_op_lib`` wheel of the CAM package.
 """
@@ -31,8 +31,8 @@ from torch.distributed import Store
 TORCH_NPU = ("torch_npu", "the torch_npu build matching this torch (pip install torch-npu)")
 CAM_P2P_LIBRARY = (
     "afd_plugin._C_ascend",
-    "the public AFD plugin's Ascend A2E/E2A extension (pip install vllm-afd-plugin with "
-    "CANN and torch_npu present)",
+    "the public AFD plugin's Ascend A2E/E2A extension (built from "
+    "github.com/vllm-project/afd-plugin with AFD_BUILD_ASCEND_OPS=1; docs/npu.md, Install)",
 )
 CAM_ASYNC_LIBRARY = (
     "umdk_cam_op_lib",

@@ -32,6 +32,7 @@ _UNIDENTIFYING_KEYS = ("_name_or_path", "transformers_version")
 
 #: the Attention worker's connect step, called with the loaded model
 AttentionConnect = Callable[[nn.Module], AFDConnector]
+FFNConnect = Callable[[nn.Module], FFNConnector]
 
 
 def worker_role_rank(vllm_config: VllmConfig) -> int:
@@ -183,11 +184,13 @@ def prepare_attention(
     return connect
 
 
-def connect_ffn(
-    vllm_config: VllmConfig, tp_rank: int, model: nn.Module, device: torch.device
-) -> FFNConnector:
-    """The FFN worker's connector for its loaded ``model``; hosts its group and waits for the
-    Attention peers, refusing any whose fingerprint differs from its own.
+def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> FFNConnect:
+    """The FFN worker's connect step; call before the model is built, then call the result with
+    the loaded model, which hosts the group and waits for the Attention peers, refusing any whose
+    fingerprint differs from its own.
+
+    Before the model: the rank is checked against the topology and a CAM connector's kernels are
+    loaded (off an NPU this fails here, before any weight is read).
 
     (A loopback connector never gets here: the FFN worker refuses it at start-up.)
     """
@@ -197,16 +200,21 @@ def connect_ffn(
     group = group_of_ffn(
         rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
     )
-    presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
     extra = afd.connector_extra_config
-    if afd.connector == "CAMP2PAFDConnector":
-        from afd_models.connectors.cam import CAMP2PFFNConnector
+    cam_ops = load_cam_p2p_ops(extra.core_num) if afd.connector == "CAMP2PAFDConnector" else None
 
-        return CAMP2PFFNConnector(afd.host, group, extra, presented, device=device)
-    if afd.connector == "NcclAFDConnector":
-        from afd_models.connectors.nccl import NcclFFNConnector
+    def connect(model: nn.Module) -> FFNConnector:
+        presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
+        if afd.connector == "CAMP2PAFDConnector":
+            from afd_models.connectors.cam import CAMP2PFFNConnector
 
-        return NcclFFNConnector(afd.host, group, extra, presented, device=device)
-    from afd_models.connectors.gloo import GlooFFNConnector
+            return CAMP2PFFNConnector(afd.host, group, extra, presented, device=device, ops=cam_ops)
+        if afd.connector == "NcclAFDConnector":
+            from afd_models.connectors.nccl import NcclFFNConnector
 
-    return GlooFFNConnector(afd.host, group, extra, presented)
+            return NcclFFNConnector(afd.host, group, extra, presented, device=device)
+        from afd_models.connectors.gloo import GlooFFNConnector
+
+        return GlooFFNConnector(afd.host, group, extra, presented)
+
+    return connect

@@ -50,6 +50,6 @@ def test_an_npu_worker_on_another_platform_says_how_to_select_ours() -> None:
         require_afd_npu_platform()
     assert str(error.value) == (
         f"the AFD NPU workers run on the platform {AFD_NPU_PLATFORM}, but vLLM selected "
-        "vllm.platforms.cpu.CpuPlatform; set VLLM_PLUGINS=afd_npu,afd,ascend_kv_connector,"
+        "vllm.platforms.cpu.CpuPlatform; set VLLM_PLUGINS=afd_npu,afd_models,ascend_kv_connector,"
         "ascend_model_loader,ascend_service_profiling,ascend_model (see docs/npu.md)"
     )

@@ -444,3 +444,20 @@ def test_cam_connectors_fix_where_the_gate_runs(connector: str, gate: bool) -> N
         f"additional_config.afd.connector='{connector}' is not allowed: "
     )
     assert str(raised.value).endswith(f"allowed: {'false' if gate else 'true'}")
+
+
+def test_force_load_balance_on_the_attention_role_is_refused() -> None:
+    """The switch balances the FFN role's experts; on Attention it would be silently ignored."""
+    section = {
+        "role": "attention",
+        "connector": "CAMP2PAFDConnector",
+        "connector_extra_config": {"force_load_balance": True},
+    }
+    with pytest.raises(AFDConfigError) as error:
+        parse_afd_config(section)
+    assert str(error.value) == (
+        "additional_config.afd.connector_extra_config.force_load_balance=true is not allowed "
+        "with additional_config.afd.role='attention': the experts, and so their load, are the "
+        "FFN role's; allowed: false (set it on the FFN engine)"
+    )
+    assert parse_afd_config({**section, "role": "ffn"}).connector_extra_config.force_load_balance

@@ -269,3 +269,15 @@ def test_force_load_balance_without_a_modelslim_checkpoint_is_refused(
         f"vLLM-Ascend's W8A8-dynamic MoE layers, but the model has {found}; allowed: a ModelSlim "
         "W8A8_DYNAMIC checkpoint, or leave force_load_balance out"
     )
+
+
+def test_a_replaced_buffer_stays_alive_for_the_graphs_captured_over_it() -> None:
+    """An FFN graph captured over a step reads the buffer's memory at replay; a larger step
+    replaces the buffer, and the old one must not be freed under the graph."""
+    import weakref
+
+    b = balancer(max_tokens=8)
+    b.topk_ids(routed(4))
+    first = weakref.ref(b._buffer)
+    b.topk_ids(routed(40))
+    assert b._buffer is not first() and first() is not None

@@ -103,7 +103,7 @@ def test_help_exits_0_and_imports_only_the_standard_library(tmp_path: Path) -> N
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    for text in ("--json", "--work-dir", "--engine-timeout", "VLLM_PLUGINS=afd_npu,afd,"):
+    for text in ("--json", "--work-dir", "--engine-timeout", "VLLM_PLUGINS=afd_npu,afd_models,"):
         assert text in result.stdout.replace("\n", "")
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
     assert {"argparse", "gpu_check"} <= imported  # the listing is real
@@ -194,8 +194,11 @@ def test_a_host_that_cannot_run_it_exits_2_saying_what_is_missing(
         (None, "is not set"),
         ("ascend," + npu_check.AFD_PLUGINS, "names 'ascend', vLLM-Ascend's platform plugin"),
         (npu_check.NATIVE_PLUGINS, "names 'ascend'"),
-        ("afd_npu,ascend_kv_connector,ascend_model_loader", "lacks afd, ascend_service_profiling"),
-        (npu_check.AFD_PLUGINS.replace(",", ", "), "lacks afd, ascend_kv_connector"),
+        (
+            "afd_npu,ascend_kv_connector,ascend_model_loader",
+            "lacks afd_models, ascend_service_profiling",
+        ),
+        (npu_check.AFD_PLUGINS.replace(",", ", "), "lacks afd_models, ascend_kv_connector"),
     ],
     ids=["documented", "an-extra-one", "unset", "with-ascend", "native", "missing", "spaces"],
 )
@@ -633,29 +636,24 @@ def test_the_doc_selects_the_plugins_this_repo_installs() -> None:
     assert names == list(NPU_PLUGINS)
 
 
-def module_all(path: Path) -> list[str]:
-    """A module's ``__all__`` from its source: literal assignments, and ``+=`` of a literal or of
-    a module-level name bound to one."""
-    literals: dict[str, list[Any]] = {}
+def module_literals(path: Path) -> dict[str, Any]:
+    """A module's top-level names bound to literals, from its source (nothing is imported)."""
+    literals: dict[str, Any] = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name):
                 try:
-                    literals[target.id] = list(ast.literal_eval(node.value))
+                    literals[target.id] = ast.literal_eval(node.value)
                 except ValueError:
                     continue
-        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-            value = node.value
-            extra = literals[value.id] if isinstance(value, ast.Name) else ast.literal_eval(value)
-            literals[node.target.id] += list(extra)
-    return literals["__all__"]
+    return literals
 
 
 def test_the_doc_names_the_workers_this_repo_exports() -> None:
-    """The --worker-cls paths are names afd_models.workers exports (its ``__all__``, read without
-    importing vLLM), one per role; the Attention one is what npu_check runs."""
-    exported = module_all(ROOT / "afd_models" / "workers.py")
+    """The --worker-cls paths are the NPU workers afd_models.workers names (``NPU_WORKERS``, read
+    without importing vLLM), one per role; the Attention one is what npu_check runs."""
+    exported = module_literals(ROOT / "afd_models" / "workers.py")["NPU_WORKERS"]
     blocks = recipe_blocks()
     workers = {
         role: flag(serve_args(blocks[role]), "--worker-cls") for role in ("ffn", "attention")

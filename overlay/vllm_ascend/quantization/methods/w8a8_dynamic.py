@@ -39,7 +39,8 @@ class AFDAscendW8A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         mix_placement: bool,
     ) -> torch.Tensor:
         """``topk_ids`` replaced by this EP rank's share of the balancing cycle (built on the
-        first call: the warm-up, before any graph is captured)."""
+        first call, in an eager step: the FFN graphs run each step shape eagerly before they
+        capture it)."""
         if self.afd_balancer is None:
             moe = layer.moe_config
             self.afd_balancer = ForceLoadBalancer(
