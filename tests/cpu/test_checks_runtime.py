@@ -12,9 +12,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_check_is_clean_with_runtime() -> None:
     """Every generated class derives from its base, every override/fork has upstream's live signature,
-    no extend shadows a live member, and every registered and documented class path imports."""
+    no extend shadows a live member, and every registered and documented class path imports. The
+    classes generated against vLLM-Ascend, which does not import here, are said to be left to an
+    NPU host, once."""
     findings = run_checks(REPO, runtime=True)
-    assert [f.one_line() for f in findings] == []
+    assert [(f.code, f.severity.value, f.symbol) for f in findings] == [
+        ("RT001", "info", "vllm_ascend")
+    ], [f.one_line() for f in findings]
 
 
 def test_plugin_registers_afd_names_only(vllm_env: dict[str, str]) -> None:
