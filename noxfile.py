@@ -4,7 +4,8 @@ Two kinds of environment:
 
 * the **CPU env** (vLLM 0.26.0 on the CPU platform, ~6 GB) built by tools/cpu_env.py outside the
   checkout and reused by every clone (a stamp records its recipe); `tests`, `check` and `demo`
-  run in it;
+  run in it; `tests` also builds one per other supported release (vLLM 0.28.0) for its cpu and
+  e2e_cpu tiers;
 * small nox venvs (`reuse_venv`) for the source-only tools: `regenerate`, `drift`, `audit` read
   upstream vLLM from its wheel in the download cache and never import it; `lint` runs ruff and mypy.
 
@@ -39,9 +40,12 @@ def _regenerate_with(session: nox.Session, python: str) -> None:
     session.run(python, "-m", "codegen", "regenerate", external=True)
 
 
-#: The static checks `tests` runs on the tree as committed, before anything regenerates: a lock
-#: or generated header that a commit forgot to regenerate fails here, naming `nox -s regenerate`.
-COMMITTED_CHECK = ("-m", "codegen", "check", "--no-runtime")
+#: The static checks `tests` runs on the tree as committed, before anything regenerates, for every
+#: supported vLLM release: a lock that a commit forgot to regenerate fails here, naming
+#: `nox -s regenerate`.
+COMMITTED_CHECK = ("-m", "codegen", "check", "--no-runtime", "--all-versions")
+#: Tiers run again on each supported release other than the primary, in that release's CPU env.
+RELEASE_TIERS = ("cpu", "e2e_cpu")
 
 
 def _check_committed_with(session: nox.Session, python: str) -> None:
@@ -51,7 +55,7 @@ def _check_committed_with(session: nox.Session, python: str) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Static checks on the committed tree, then every test tier this machine can run (gpu and npu skip with a reason)."""
+    """Static checks on the committed tree, every test tier this machine can run (gpu and npu skip with a reason), then the cpu and e2e_cpu tiers on each other supported vLLM release."""
     python = _cpu_python(session)
     _check_committed_with(session, python)
     _regenerate_with(session, python)
@@ -65,6 +69,24 @@ def tests(session: nox.Session) -> None:
         external=True,
         env={"AFD_REQUIRED_TIERS": ",".join(REQUIRED_TIERS)},
     )
+    for version in cpu_env.supported_versions()[1:]:
+        session.log(f"the {', '.join(RELEASE_TIERS)} tiers on vLLM {version} (its own CPU env)")
+        other = str(cpu_env.ensure(ROOT, vllm_version=version))
+        # afd_models/_generated holds one release's code: this one's for these tiers, then the
+        # primary's again for the checkout
+        _regenerate_with(session, other)
+        try:
+            session.run(
+                other,
+                "-m",
+                "pytest",
+                *(f"tests/{tier}" for tier in RELEASE_TIERS),
+                *session.posargs,
+                external=True,
+                env={"AFD_REQUIRED_TIERS": ",".join(RELEASE_TIERS)},
+            )
+        finally:
+            _regenerate_with(session, python)
 
 
 @nox.session(venv_backend="none", default=False)
@@ -84,9 +106,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True, default=False)
 def regenerate(session: nox.Session) -> None:
-    """Regenerate afd_models/_generated/ and overlay/overlay.lock from overlay/ and pinned upstream source."""
+    """Regenerate afd_models/_generated/ and the lock of every supported vLLM release from overlay/ and pinned upstream source."""
     session.install("-e", ".[codegen]")
-    session.run("python", "-m", "codegen", "regenerate", *session.posargs)
+    session.run("python", "-m", "codegen", "regenerate", "--all-versions", *session.posargs)
 
 
 @nox.session(reuse_venv=True, default=False)

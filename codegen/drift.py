@@ -26,8 +26,9 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,9 @@ from codegen.index import Member, UpstreamIndex, same_behaviour
 from codegen.lock import describe_symbol
 from codegen.markers import Contract, Edit
 from codegen.model import ParamKind, Signature, SymbolRef
+from codegen.names import global_names
 from codegen.pattern import PatternError, parse_pattern
+from codegen.releases import applicable
 
 #: roles whose symbol disappearing or changing signature breaks generation
 _BREAKING_ROLES = {
@@ -532,6 +535,40 @@ def _binds_old_calls(old: Signature, new: Signature, added: str | None) -> bool:
     )
 
 
+@dataclass
+class NewBodies:
+    """What the forks' bodies use on the new release, once their edits applied there."""
+
+    #: global names the rebased bodies read
+    names: set[str] = field(default_factory=set)
+    #: False when a fork could not be rebased with its own edits (its names are unknown)
+    complete: bool = True
+
+
+#: findings of a lost upstream symbol
+_LOSS = (Kind.DRIFT_REMOVED, Kind.DRIFT_MOVED, Kind.DRIFT_RENAMED, Kind.DRIFT_KIND)
+
+
+def _unused_on_new(finding: Finding, lock: dict[str, Any], bodies: NewBodies) -> Finding:
+    """A lost name that only forked bodies imported, and that none uses once the overlay's edits
+    for the new release applied (per-release alternatives replaced it), is info."""
+    entry = lock.get("symbols", {}).get(finding.symbol, {})
+    if (
+        finding.kind not in _LOSS
+        or finding.severity is Severity.INFO
+        or entry.get("roles") != ["generated_import"]
+        or not bodies.complete
+        or SymbolRef.parse(finding.symbol).qualname.split(".")[0] in bodies.names
+    ):
+        return finding
+    return replace(
+        finding,
+        severity=Severity.INFO,
+        message=finding.message
+        + "; no forked body uses it on the new release once its edits there applied",
+    )
+
+
 def fork_findings(
     lock: dict[str, Any],
     overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
@@ -539,12 +576,15 @@ def fork_findings(
     new: Side,
     renames: dict[str, Rename] | None = None,
     sites: dict[str, list[str]] | None = None,
+    bodies: NewBodies | None = None,
 ) -> Iterator[Finding]:
     """Re-apply every fork's edits to the new body: lost, ambiguous, conflicting or clean (3-way).
 
     An anchor lost only because a name it mentions was renamed is not reported here: the call
-    site and the re-anchored edit go into ``sites`` for the rename's finding.
+    site and the re-anchored edit go into ``sites`` for the rename's finding. ``bodies`` collects
+    the global names the rebased bodies use.
     """
+    bodies = NewBodies() if bodies is None else bodies
     for class_key, entry in lock.get("classes", {}).items():
         base = SymbolRef.parse(entry["base"])
         for name, member in entry.get("members", {}).items():
@@ -578,8 +618,10 @@ def fork_findings(
                     new,
                     renames or {},
                     {} if sites is None else sites,
+                    bodies,
                 )
             except Exception as exc:
+                bodies.complete = False
                 yield Finding(
                     Kind.DRIFT_UNANALYSED,
                     Severity.BLOCK,
@@ -609,17 +651,22 @@ def _rebase(
     new: Side,
     renames: dict[str, Rename],
     sites: dict[str, list[str]],
+    bodies: NewBodies,
 ) -> Iterator[Finding]:
     if edits is None:
         raise LookupError("the overlay no longer declares this fork; regenerate the lock first")
+    # each release gets the edits its regeneration would apply (per-release alternatives)
+    old_edits, edits = applicable(edits, old.index.versions), applicable(edits, new.index.versions)
     target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
     if target is None or not target.is_method:
+        bodies.complete = False
         return  # reported as a removed fork target by symbol_findings
     parsed = parse_member(target)
     where = Location(str(target.module.path), target.line)
     changed_regions = []
     for edit in edits:
-        recorded = member.get("anchors", {}).get(edit.id, {})
+        # an alternative written for the new release anchors on code the old lock never saw
+        recorded = member.get("anchors", {}).get(edit.id, {}) if edit in old_edits else {}
         try:
             _, matched = anchor_lines(parsed, parse_pattern(edit.anchor))
         except PatternError as exc:
@@ -635,8 +682,9 @@ def _rebase(
         ):
             changed_regions.append((edit.id, recorded["matched"], matched))
     try:
-        apply_edits(parsed.function, edits)
+        bodies.names |= global_names(apply_edits(parsed.function, edits))
     except EditError as exc:
+        bodies.complete = False
         if _re_anchored(symbol, edits, parsed, target, renames, sites):
             return
         kind = Kind.DRIFT_ANCHOR_LOST if exc.found == 0 else Kind.DRIFT_ANCHOR_COUNT
@@ -684,8 +732,19 @@ def _rebase(
             target=where,
             details=diff,
         )
+    elif old_target is not None and (names := _only_renamed(old_target, target, renames)):
+        yield Finding(
+            Kind.DRIFT_REBASED,
+            Severity.INFO,
+            symbol,
+            f"only renamed names changed ({names}), and the edits for {new.version} apply",
+            target=where,
+            details=diff,
+        )
     else:
-        generated = _generated_diff(old_target, target, edits, old.version, new.version)
+        generated = _generated_diff(
+            old_target, target, (old_edits, edits), old.version, new.version
+        )
         yield Finding(
             Kind.DRIFT_REBASED,
             Severity.REVIEW,
@@ -697,20 +756,37 @@ def _rebase(
         )
 
 
+def _only_renamed(old: Member, new: Member, renames: dict[str, Rename]) -> str:
+    """The renames (``a -> b``) that make ``old``'s body ``new``'s, up to cosmetics; "" if none do."""
+    used = [
+        r for r in renames.values() if re.search(rf"\b{re.escape(r.old.qualname)}\b", old.source())
+    ]
+    if not used:
+        return ""
+    source = textwrap.dedent(old.source())
+    for rename in used:
+        source = re.sub(rf"\b{re.escape(rename.old.qualname)}\b", rename.new.qualname, source)
+    renamed = ast.parse(source).body[0]
+    if not same_behaviour(renamed, new.node):
+        return ""
+    return ", ".join(f"{r.old.qualname} -> {r.new.qualname}" for r in used)
+
+
 def _generated_diff(
     old_target: Member | None,
     target: Member,
-    edits: tuple[Edit, ...],
+    edits: tuple[tuple[Edit, ...], tuple[Edit, ...]],
     old_version: str,
     new_version: str,
 ) -> tuple[str, ...]:
-    """The fork's edited body against the old and the new upstream body, as a diff."""
+    """The fork's edited body against the old and the new upstream body (each with the edits
+    of its release), as a diff."""
     bodies = []
-    for member in (old_target, target):
+    for member, applied in zip((old_target, target), edits, strict=True):
         if member is None:
             bodies.append("")
             continue
-        function = apply_edits(parse_member(member).function, edits)
+        function = apply_edits(parse_member(member).function, applied)
         bodies.append(cst.Module(body=[function]).code)
     return body_diff(
         bodies[0], bodies[1], f"generated ({old_version})", f"generated ({new_version})"
@@ -857,8 +933,11 @@ def compare(
         lock = _restricted(lock, files)
     renames = find_renames(lock, old, new)
     sites: dict[str, list[str]] = {}
-    forks = list(fork_findings(lock, overlay_edits, old, new, renames, sites))
-    findings = list(symbol_findings(lock, old, new, renames, sites))
+    bodies = NewBodies()
+    forks = list(fork_findings(lock, overlay_edits, old, new, renames, sites, bodies))
+    findings = [
+        _unused_on_new(f, lock, bodies) for f in symbol_findings(lock, old, new, renames, sites)
+    ]
     return findings + forks + list(contract_findings(lock, old, new))
 
 

@@ -8,7 +8,7 @@
 upstream package (``--package``, default vllm); the other pinned packages stay at their pins.
 ``audit`` adds a dry-run regeneration against the new version (in memory), the diff of the
 generated code and a work list, as Markdown with a JSON twin. Neither touches the overlay or the
-lock; ``audit --apply`` re-pins and regenerates (pins, lock, generated code) only when nothing
+lock; ``audit --apply`` adds the release to the supported ones and writes its lock only when nothing
 blocks, for review in a normal diff.
 """
 
@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from codegen.drift import Side, compare, native_architectures, registry_findings
 from codegen.findings import EXIT_BLOCK, Finding, Kind, Severity, exit_code, summary
-from codegen.generate import LOCK_PATH, PINS_PATH
+from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import read_lock
 from codegen.markers import Edit
 from codegen.overlay import load_overlay, overlay_files
+from codegen.releases import release_key
 from codegen.report import as_json, as_markdown, as_sarif, counts, ordered
-from codegen.sources import load_pins, locate
+from codegen.sources import SourceError, choose_version, load_pins, locate
 
 if TYPE_CHECKING:
     from codegen.pipeline import Context
@@ -103,7 +104,7 @@ def run_drift(
         f"comparing {package} {old_version} ({old_context.sources[package].origin}) with {new_version} ({new_context.sources[package].origin})"
     )
     old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
-    lock = read_lock(repo_root / LOCK_PATH) if up_to_date(old_context) else None
+    lock = read_lock(repo_root / old_context.lock_path) if up_to_date(old_context) else None
     findings: list[Finding] = []
     if (
         lock is not None
@@ -248,7 +249,7 @@ def uncovered(regeneration: list[Finding], drift: list[Finding]) -> list[Finding
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from codegen.cli import _progress
-    from codegen.pipeline import generate, open_context, write_output
+    from codegen.pipeline import generate, open_context, write_lock, write_output
 
     run = run_drift(args.repo, args.to, to_root=args.to_root, progress=_progress)
     _progress(f"dry-run regeneration against vllm {run.new_version}")
@@ -285,7 +286,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "",
         *(
             work_list(run.findings + uncovered(dry.findings, run.findings))
-            or ["Nothing to do by hand: re-pin and regenerate (`--apply`)."]
+            or ["Nothing to do by hand: add it to the supported releases (`--apply`)."]
         ),
         "",
         "## Dry-run regeneration findings",
@@ -323,18 +324,45 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 "--apply: nothing written, regeneration against the new version is blocked (see the work list)"
             )
             return EXIT_BLOCK
-        pins = args.repo / PINS_PATH
-        pins.write_text(
-            re.sub(
-                r'(?m)^version = "[^"]+"',
-                f'version = "{run.new_version}"',
-                pins.read_text(),
-                count=1,
-            )
+        support(args.repo / PINS_PATH, run.new_version)
+        # the pins are an input of every generation: the new release's lock, and the code on disk
+        # (the installed release's)
+        on_disk = choose_version(load_pins(args.repo / PINS_PATH)["vllm"], None)
+        for version, write in ((run.new_version, write_lock), (on_disk, write_output)):
+            generation, _ = generate(open_context(args.repo, version=version))
+            if generation.blocked:
+                raise SourceError(
+                    f"--apply: regeneration against vllm {version} blocked after re-pinning"
+                )
+            write(args.repo, generation)
+        _progress(
+            f"--apply: vllm {run.new_version} added to the supported releases, its lock written; "
+            "review `git diff`"
         )
-        write_output(args.repo, dry)
-        _progress(f"--apply: re-pinned vllm {run.new_version} and regenerated; review `git diff`")
     return exit_code(run.findings + dry.findings)
+
+
+def support(pins: Path, version: str) -> None:
+    """Add ``version`` to vLLM's ``also_supported`` releases in ``pins`` (kept in order)."""
+    text = pins.read_text()
+    table = re.search(
+        r'(?ms)^\[\[upstream\]\]\s*\npackage = "vllm"\n.*?(?=^\[\[upstream\]\]|\Z)', text
+    )
+    if table is None:
+        raise SourceError(f"{pins}: no [[upstream]] table for vllm")
+    body = table.group(0)
+    listed = re.search(r"(?m)^also_supported = \[(.*)\]$", body)
+    if listed is None:
+        body = re.sub(
+            r'(?m)^(version = "[^"]+"\n)', rf'\1also_supported = ["{version}"]\n', body, count=1
+        )
+    else:
+        releases = [v.strip().strip('"') for v in listed.group(1).split(",") if v.strip()]
+        if version not in releases:
+            releases = sorted([*releases, version], key=release_key)
+        line = "also_supported = [" + ", ".join(f'"{v}"' for v in releases) + "]"
+        body = body[: listed.start()] + line + body[listed.end() :]
+    pins.write_text(text[: table.start()] + body + text[table.end() :])
 
 
 def add_drift_commands(sub: Any) -> None:
@@ -369,6 +397,8 @@ def add_drift_commands(sub: Any) -> None:
         help="directory for audit.md and audit.json (default .afd-work/audit/<to>)",
     )
     audit.add_argument(
-        "--apply", action="store_true", help="re-pin and regenerate when nothing blocks"
+        "--apply",
+        action="store_true",
+        help="add the release to the supported ones and write its lock, when nothing blocks",
     )
     audit.set_defaults(func=cmd_audit)

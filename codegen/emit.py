@@ -157,7 +157,11 @@ def render_module(
 
 
 def render_registry(
-    generation: Generation, versions: dict[str, str], digest: str, generated_files: dict[str, str]
+    generation: Generation,
+    versions: dict[str, str],
+    supported: dict[str, tuple[str, ...]],
+    digest: str,
+    generated_files: dict[str, str],
 ) -> str:
     """``afd_models/_generated/__init__.py``: what was generated from what, as plain data."""
     rows = "\n".join(
@@ -170,6 +174,10 @@ def render_registry(
 
 #: upstream packages and the versions the code was generated against
 UPSTREAM = {dict(sorted(versions.items()))!r}
+#: every release the overlay supports (overlay/pins.toml), the primary first
+SUPPORTED = {dict(sorted(supported.items()))!r}
+#: the lock of this generation
+LOCK = {generation.lock_path.as_posix()!r}
 #: sha256 of everything the output depends on (generator, pins, overlays, upstream files)
 INPUTS_DIGEST = {digest!r}
 #: sha256 of each overlay file

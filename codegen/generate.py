@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +43,24 @@ from codegen.model import (
 from codegen.names import ModuleNamespace, global_names
 from codegen.overlay import OverlayError, load_overlay, overlay_files
 from codegen.pattern import PatternError, parse_pattern
+from codegen.releases import applicable
 
 GENERATED_ROOT = Path("afd_models/_generated")
 LOCK_PATH = Path("overlay/overlay.lock")
+#: the locks of supported releases other than the primary pins
+RELEASE_LOCKS = Path("overlay/locks")
 PINS_PATH = Path("overlay/pins.toml")
 #: Hand-written runtime whose upstream imports the lock records.
 RUNTIME_ROOT = Path("afd_models")
 #: The runtime's list of upstream attributes it reads (``UPSTREAM_FIELDS``), read statically.
 CONTRACT_PATH = RUNTIME_ROOT / "contract.py"
+
+
+def lock_path(primary: Mapping[str, str], versions: Mapping[str, str]) -> Path:
+    """The lock of upstream at ``versions``: ``overlay/overlay.lock`` for the primary pins
+    (``primary``: package -> pinned version), else one per release under ``overlay/locks/``."""
+    others = [f"{p}-{v}" for p, v in sorted(versions.items()) if primary.get(p, v) != v]
+    return RELEASE_LOCKS / ("_".join(others) + ".lock") if others else LOCK_PATH
 
 
 @dataclass
@@ -69,6 +80,8 @@ class Generation:
     runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)
     #: upstream attributes the runtime reads (afd_models/contract.py)
     runtime_fields: list[SymbolRef] = field(default_factory=list)
+    #: where this generation's lock lives (:func:`lock_path`)
+    lock_path: Path = LOCK_PATH
 
     @property
     def blocked(self) -> bool:
@@ -86,6 +99,7 @@ GENERATOR_MODULES = (
     "edit.py",
     "names.py",
     "generate.py",
+    "releases.py",
     "emit.py",
     "lock.py",
     "checks/signatures.py",
@@ -407,8 +421,25 @@ def _fork(
     findings: list[Finding],
 ) -> GeneratedMember | None:
     parsed = parse_member(upstream)
+    versions = namespace.index.versions
+    edits = applicable(decl.edits, versions)
+    ids = [e.id for e in edits]
+    if not edits or len(set(ids)) != len(ids):
+        on = ", ".join(f"{p} {v}" for p, v in sorted(versions.items()))
+        findings.append(
+            Finding(
+                Kind.OVERLAY_INVALID,
+                Severity.BLOCK,
+                symbol,
+                f"the edits that apply on {on} are {ids}: a fork needs at least one, and "
+                "alternatives sharing an id must not both apply to one release (see their when=)",
+                ours_at,
+                upstream_at,
+            )
+        )
+        return None
     anchors: list[AnchorMatch] = []
-    for edit in decl.edits:
+    for edit in edits:
         try:
             lines, codes = anchor_lines(parsed, parse_pattern(edit.anchor))
         except PatternError as exc:
@@ -425,7 +456,7 @@ def _fork(
             return None
         anchors.append(AnchorMatch(edit, tuple(lines), tuple(codes)))
     try:
-        function = apply_edits(parsed.function, decl.edits)
+        function = apply_edits(parsed.function, edits)
     except EditError as exc:
         kind = Kind.ANCHOR_LOST if exc.found == 0 else Kind.ANCHOR_COUNT
         findings.append(

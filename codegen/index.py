@@ -153,6 +153,11 @@ class UpstreamIndex:
 
     # ------------------------------------------------------------------ modules
 
+    @property
+    def versions(self) -> dict[str, str]:
+        """Each indexed package's version."""
+        return {package: source.version for package, source in self.sources.items()}
+
     def owns(self, module: str) -> bool:
         return module.split(".", 1)[0] in self.sources
 

@@ -62,6 +62,9 @@ class Edit:
     count: int = 1
     #: for ``wrap`` with an ``if`` header: statements of an ``else:`` branch
     orelse: str | None = None
+    #: the upstream releases it applies to (``"vllm>=0.28"``, :mod:`codegen.releases`); None: all.
+    #: Edits of one method may share an id when no supported release gets both.
+    when: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,31 +108,44 @@ class Contract:
     count: int = 1
 
 
-def replace(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
+def replace(
+    anchor: str, code: str, *, id: str, why: str, count: int = 1, when: str | None = None
+) -> Edit:
     """Replace each match of ``anchor`` with ``code``."""
-    return Edit("replace", anchor, code, id, why, count)
+    return Edit("replace", anchor, code, id, why, count, when=when)
 
 
-def insert_before(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
+def insert_before(
+    anchor: str, code: str, *, id: str, why: str, count: int = 1, when: str | None = None
+) -> Edit:
     """Insert the statements of ``code`` before each matched statement."""
-    return Edit("insert_before", anchor, code, id, why, count)
+    return Edit("insert_before", anchor, code, id, why, count, when=when)
 
 
-def insert_after(anchor: str, code: str, *, id: str, why: str, count: int = 1) -> Edit:
+def insert_after(
+    anchor: str, code: str, *, id: str, why: str, count: int = 1, when: str | None = None
+) -> Edit:
     """Insert the statements of ``code`` after each matched statement."""
-    return Edit("insert_after", anchor, code, id, why, count)
+    return Edit("insert_after", anchor, code, id, why, count, when=when)
 
 
-def delete(anchor: str, *, id: str, why: str, count: int = 1) -> Edit:
+def delete(anchor: str, *, id: str, why: str, count: int = 1, when: str | None = None) -> Edit:
     """Delete each matched statement."""
-    return Edit("delete", anchor, None, id, why, count)
+    return Edit("delete", anchor, None, id, why, count, when=when)
 
 
 def wrap(
-    anchor: str, header: str, *, id: str, why: str, count: int = 1, orelse: str | None = None
+    anchor: str,
+    header: str,
+    *,
+    id: str,
+    why: str,
+    count: int = 1,
+    orelse: str | None = None,
+    when: str | None = None,
 ) -> Edit:
     """Wrap each matched statement run in ``header`` (``if ...:`` or ``with ...:``)."""
-    return Edit("wrap", anchor, header, id, why, count, orelse)
+    return Edit("wrap", anchor, header, id, why, count, orelse, when)
 
 
 def delta(

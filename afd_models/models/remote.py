@@ -74,17 +74,21 @@ class RemoteFFN(PPMissingLayer):
 class RemoteExperts(RemoteFFN):
     """Shaped like vLLM's MoE runner at the ``self.experts`` boundary of ``DeepseekV2MoE``.
 
-    With the gate on the FFN role it reports an internal router, so the native MoE forward
-    passes the hidden states only; with the gate on Attention it reports an external router,
-    the native forward runs the gate and this proxy sends the router logits too.
+    It reports an internal router, so vLLM's native MoE forward passes it the hidden states (vLLM
+    0.26 picks that branch by ``is_internal_router``; 0.28's runner always routes internally).
+    With the gate on Attention it is given the MoE block's gate, runs it, and sends the router
+    logits too; with the gate on FFN it sends the hidden states only.
     """
 
-    def __init__(self, prefix: str, *, gate_on_attention: bool):
+    is_internal_router = True
+
+    def __init__(self, prefix: str, *, gate: nn.Module | None):
         super().__init__(prefix)
-        self.is_internal_router = not gate_on_attention
+        # the MoE block's own gate (its parameters keep their checkpoint names under the block)
+        self.gate = gate
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = None if self.is_internal_router else router_logits
+        logits = None if self.gate is None else self.gate(hidden_states)[0]
         return exchange(hidden_states, logits, self.layer_name)
 
     def update_expert_map(self) -> None:

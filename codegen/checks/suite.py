@@ -2,8 +2,11 @@
 
 1. regenerate in memory: overlay validity, exact signatures, anchors, names (static); upstream
    files that differ from their pinned hashes, with the recorded symbols that changed in them;
-2. the lock: the committed ``overlay/overlay.lock`` equals the regenerated one (diff on mismatch);
-3. generated files on disk equal the regeneration (missing ones are only noted: a fresh clone);
+2. the lock: the committed lock of the release (``overlay/overlay.lock`` for the primary pins,
+   ``overlay/locks/`` for the other supported releases) equals the regenerated one (diff on
+   mismatch);
+3. generated files on disk equal the regeneration (missing ones are only noted: a fresh clone),
+   when they are that release's;
 4. no monkey patches anywhere in the project;
 5. with vLLM importable (its general plugins loaded and, on an out-of-tree platform such as
    vLLM-Ascend, the platform's patch packages imported as its workers do) and fresh generated
@@ -13,29 +16,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from codegen.checks import monkeypatch
 from codegen.findings import Finding, Kind, Location, Severity
-from codegen.generate import GENERATED_ROOT, LOCK_PATH, PINS_PATH, Generation
+from codegen.generate import GENERATED_ROOT, Generation
 from codegen.lock import lock_diff, render_lock
-from codegen.sources import SourceError, load_pins
+from codegen.sources import Pin, SourceError
 
 Progress = Callable[[str], None]
 
 
 def compare_lock(repo_root: Path, generation: Generation) -> list[Finding]:
-    path = repo_root / LOCK_PATH
+    relative = generation.lock_path
+    path = repo_root / relative
     fresh = render_lock(generation.lock)
     if not path.exists():
         return [
             Finding(
                 Kind.LOCK_MISSING,
                 Severity.BLOCK,
-                str(LOCK_PATH),
+                str(relative),
                 "is missing; run `nox -s regenerate` and commit it",
             )
         ]
@@ -46,9 +51,9 @@ def compare_lock(repo_root: Path, generation: Generation) -> list[Finding]:
         Finding(
             Kind.LOCK_DIFFERS,
             Severity.BLOCK,
-            str(LOCK_PATH),
+            str(relative),
             "differs from a regeneration; run `nox -s regenerate`, review the diff and commit the lock",
-            Location(str(LOCK_PATH)),
+            Location(str(relative)),
             details=tuple(lock_diff(committed, fresh)),
         )
     ]
@@ -98,7 +103,9 @@ def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
     return findings
 
 
-def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
+def runtime_findings(
+    repo_root: Path, generation: Generation, pins: Mapping[str, Pin]
+) -> list[Finding]:
     from vllm import ModelRegistry
     from vllm.platforms import current_platform
     from vllm.plugins import load_general_plugins
@@ -152,9 +159,7 @@ def runtime_findings(repo_root: Path, generation: Generation) -> list[Finding]:
         for package in sorted(absent)
     ]
     findings.extend(check_classes(classes))
-    accepted = frozenset(
-        r for pin in load_pins(repo_root / PINS_PATH).values() for r in pin.replaces
-    )
+    accepted = frozenset(r for pin in pins.values() for r in pin.replaces)
     findings.extend(check_imports(symbols, accepted))
     findings.extend(check_paths(classes, registered, documented_paths(repo_root), absent))
     return findings
@@ -172,11 +177,18 @@ def run_checks(
     use_installed: bool = True,
     runtime: bool = True,
     progress: Progress = lambda _: None,
+    version: str | None = None,
+    tag: bool = False,
 ) -> list[Finding]:
-    from codegen.pipeline import generate, open_context, pinned_hash_findings
+    """Every check against vLLM ``version`` (default: the primary pin). The generated code on
+    disk and the runtime are checked only when they are that release's; ``tag`` prefixes the
+    release to each finding of the generation (when several releases are checked)."""
+    from codegen.pipeline import generate, open_context, pinned_hash_findings, registry_data
 
     try:
-        context = open_context(repo_root, upstream_root=upstream_root, use_installed=use_installed)
+        context = open_context(
+            repo_root, upstream_root=upstream_root, use_installed=use_installed, version=version
+        )
     except SourceError as exc:
         return [Finding(Kind.UPSTREAM_MISSING, Severity.BLOCK, "upstream", str(exc))]
     origins = ", ".join(
@@ -187,12 +199,30 @@ def run_checks(
     findings = list(generation.findings)
     if not generation.lock:  # generate() stopped at a blocking finding, before the pinned hashes
         findings.extend(pinned_hash_findings(context, index))
+    if tag:
+        findings = [
+            dataclasses.replace(f, message=f"[vllm {context.versions['vllm']}] {f.message}")
+            for f in findings
+        ]
+    on_disk_release = (registry_data(repo_root) or {}).get("UPSTREAM", {}).get("vllm")
     fresh = False
     if not generation.blocked:
         findings.extend(compare_lock(repo_root, generation))
-        on_disk = compare_generated(repo_root, generation)
-        findings.extend(on_disk)
-        fresh = not on_disk
+        if on_disk_release in (None, context.versions["vllm"]):
+            on_disk = compare_generated(repo_root, generation)
+            findings.extend(on_disk)
+            fresh = not on_disk
+        else:
+            findings.append(
+                Finding(
+                    Kind.RUNTIME_UNAVAILABLE,
+                    Severity.INFO,
+                    str(GENERATED_ROOT),
+                    f"holds vllm {on_disk_release}'s code: vllm {context.versions['vllm']} was "
+                    "checked from source (generation and lock), not on disk or at run time",
+                )
+            )
+            runtime = False
     progress("scanning for monkey patches")
     findings.extend(monkeypatch.scan(repo_root))
     if not runtime:
@@ -217,5 +247,5 @@ def run_checks(
         )
     else:
         progress("importing vLLM for runtime parity and dotted paths")
-        findings.extend(runtime_findings(repo_root, generation))
+        findings.extend(runtime_findings(repo_root, generation, context.pins))
     return findings

@@ -1,4 +1,4 @@
-"""CPU tier: vLLM 0.26.0 (CPU build) imported and run. Engines run in subprocesses so that each
+"""CPU tier: vLLM (CPU build; the primary release, or another supported one) imported and run. Engines run in subprocesses so that each
 test gets a fresh vLLM process state; tiny models are built here, from fixed seeds."""
 
 from __future__ import annotations

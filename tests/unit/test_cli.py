@@ -81,3 +81,15 @@ def test_show_marks_edits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert "mark +     marker = 1" in out
     assert "super() +     super(Base, self).__init__()" in out
+
+
+def test_unsupported_release_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--vllm-version outside the pins' support window: exit 3 before anything is read, naming
+    the value and the supported releases; --all-versions takes no single release."""
+    context = make_repo(tmp_path, OK)
+    assert main(_args(context, "regenerate", "--vllm-version", "0.27.0")) == 3
+    err = capsys.readouterr().err
+    assert "--vllm-version 0.27.0: not a supported release; supported: 0.26.0" in err
+    assert not (context.repo_root / "afd_models/_generated").exists()
+    assert main(_args(context, "check", "--all-versions")) == 3
+    assert "--all-versions reads every supported release itself" in capsys.readouterr().err

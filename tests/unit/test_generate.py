@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from codegen.generate import GENERATED_ROOT, LOCK_PATH
-from codegen.pipeline import generate, up_to_date, write_output
+from codegen.pipeline import Context, generate, up_to_date, write_output
 
 from .fake_repo import HEADER, make_repo
 
@@ -243,3 +244,85 @@ def test_name_clash_between_overlay_import_and_upstream(tmp_path: Path) -> None:
         "    def __init__(self, size: int, prefix: str = '') -> None: ..."
     )
     assert codes(overlay, tmp_path) == ["OVL005"]
+
+
+# --- several releases: when= picks each release's edits ----------------------------------------
+
+ALTERNATIVES = """
+
+@subclass()
+class AFDBase(Base):
+    @fork(
+        replace(
+            "make_experts($...A, gate=self.gate, $...B)",
+            "make_experts($...A, gate=None, $...B)",
+            id="gate",
+            why="test",
+            when="vllm<0.27",
+        ),
+        replace(
+            "make_experts($...A, gate=self.gate, $...B)",
+            "make_experts($...A, gate=0, $...B)",
+            id="gate",
+            why="test",
+            when="vllm>=0.27",
+        ),
+    )
+    def __init__(self, size: int, prefix: str = "") -> None: ...
+"""
+
+
+def at_release(context: Context, version: str) -> Context:
+    """``context`` reading the same fake upstream as vLLM ``version``, which the pins support."""
+    pin = dataclasses.replace(context.pins["vllm"], also_supported=(version,))
+    source = dataclasses.replace(context.sources["vllm"], version=version)
+    return dataclasses.replace(context, pins={"vllm": pin}, sources={"vllm": source})
+
+
+def test_each_release_gets_its_edits_and_its_lock(tmp_path: Path) -> None:
+    """Alternatives sharing an id: each release applies the one its range holds, and the lock of
+    a release other than the primary lives in overlay/locks/."""
+    context = make_repo(tmp_path, HEADER + ALTERNATIVES)
+    module = (GENERATED_ROOT / "vllm/layers.py").as_posix()
+    for version, code, lock in (
+        ("0.26.0", "gate=None", LOCK_PATH),
+        ("0.28.0", "gate=0", Path("overlay/locks/vllm-0.28.0.lock")),
+    ):
+        generation, _ = generate(context if version == "0.26.0" else at_release(context, version))
+        assert not generation.findings, [f.one_line() for f in generation.findings]
+        assert f"make_experts(size, {code}, prefix=" in generation.files[module]
+        assert generation.lock_path == lock
+        anchors = generation.lock["classes"]["afd_models._generated.vllm.layers:AFDBase"]
+        assert list(anchors["members"]["__init__"]["anchors"]) == ["gate"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "version", "expected"),
+    [
+        ('when="vllm>=0.26"', 'when="vllm<0.30"', "0.26.0", "must not both apply to one release"),
+        ('when="vllm>=0.30"', 'when="vllm>=0.31"', "0.26.0", "a fork needs at least one"),
+    ],
+)
+def test_alternatives_must_cover_each_release_once(
+    first: str, second: str, version: str, expected: str, tmp_path: Path
+) -> None:
+    overlay = ALTERNATIVES.replace('when="vllm<0.27"', first).replace('when="vllm>=0.27"', second)
+    generation, _ = generate(make_repo(tmp_path, HEADER + overlay))
+    (finding,) = generation.findings
+    assert finding.code == "OVL001" and expected in finding.message
+    assert "vllm 0.26.0" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (('when="vllm<0.27",', ""), "edits may share an id only as per-release alternatives"),
+        (('when="vllm<0.27"', 'when="vllm=<0.27"'), "when='vllm=<0.27'"),
+    ],
+)
+def test_bad_alternatives_are_refused_when_loading(
+    change: tuple[str, str], expected: str, tmp_path: Path
+) -> None:
+    generation, _ = generate(make_repo(tmp_path, HEADER + ALTERNATIVES.replace(*change)))
+    messages = [f.message for f in generation.findings if f.code == "OVL001"]
+    assert any(expected in m for m in messages), messages

