@@ -43,9 +43,9 @@ from codegen.model import (
 from codegen.names import ModuleNamespace, global_names
 from codegen.overlay import OverlayError, load_overlay, overlay_files
 from codegen.pattern import PatternError, parse_pattern
+from codegen.registry import GENERATED_ROOT
 from codegen.releases import applicable
 
-GENERATED_ROOT = Path("afd_models/_generated")
 LOCK_PATH = Path("overlay/overlay.lock")
 #: the locks of supported releases other than the primary pins
 RELEASE_LOCKS = Path("overlay/locks")
@@ -100,6 +100,7 @@ GENERATOR_MODULES = (
     "names.py",
     "generate.py",
     "releases.py",
+    "registry.py",
     "emit.py",
     "lock.py",
     "checks/signatures.py",

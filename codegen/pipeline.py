@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import os
 import shutil
@@ -28,9 +27,8 @@ from codegen.generate import (
 from codegen.index import UpstreamIndex, sha256_text
 from codegen.lock import build_lock, read_lock, render_lock, sha256_of
 from codegen.overlay import OverlayError
+from codegen.registry import REGISTRY_PATH, registry_data
 from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
-
-REGISTRY_PATH = GENERATED_ROOT / "__init__.py"
 
 
 @dataclass(frozen=True)
@@ -232,22 +230,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 # --------------------------------------------------------------------------- fast path
-
-
-def registry_data(repo_root: Path) -> dict[str, Any] | None:
-    """The literal assignments of the generated registry, read without importing it."""
-    path = repo_root / REGISTRY_PATH
-    if not path.exists():
-        return None
-    data: dict[str, Any] = {}
-    for node in ast.parse(path.read_text()).body:
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-        ):
-            data[node.targets[0].id] = ast.literal_eval(node.value)
-    return data
 
 
 def up_to_date(context: Context) -> bool:

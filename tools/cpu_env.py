@@ -6,8 +6,9 @@
     python tools/cpu_env.py remove [--vllm-version V]                  # delete it
 
 ``V`` is one of the releases ``overlay/pins.toml`` supports for ``vllm`` (``version``, then
-``also_supported``); the default is the primary ``version``. Any other value is refused before
-anything is downloaded.
+``also_supported``); the default is the primary ``version`` (for ``path``: the release the
+checkout's ``afd_models/_generated`` is for, when there is one). Any other value is refused
+before anything is downloaded.
 
 The recipe (docs/environment.md explains each choice):
 
@@ -333,6 +334,16 @@ def ensure(project: Path, *, vllm_version: str | None = None) -> Path:
     return python
 
 
+def generated_release(project: Path) -> str | None:
+    """The supported release the checkout's ``afd_models/_generated`` is for, if any: ``path``
+    names that release's env, so the documented ``source "$(python3 tools/cpu_env.py path)/..."``
+    activates the env the code was generated for."""
+    from codegen.registry import registry_data
+
+    release = (registry_data(project) or {}).get("UPSTREAM", {}).get("vllm")
+    return release if release in supported_versions() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["ensure", "path", "remove"])
@@ -340,11 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-version",
         metavar="V",
-        help="a vLLM release overlay/pins.toml supports (default: its primary version)",
+        help="a vLLM release overlay/pins.toml supports (default: its primary version; for path, "
+        "the release the checkout's generated code is for)",
     )
     args = parser.parse_args(argv)
     try:
-        spec = recipe(args.vllm_version)
+        version = args.vllm_version
+        if version is None and args.command == "path":
+            version = generated_release(args.project)
+        spec = recipe(version)
         directory = env_dir(spec)
         if args.command == "path":
             print(directory)

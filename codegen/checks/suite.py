@@ -183,7 +183,8 @@ def run_checks(
     """Every check against vLLM ``version`` (default: the primary pin). The generated code on
     disk and the runtime are checked only when they are that release's; ``tag`` prefixes the
     release to each finding of the generation (when several releases are checked)."""
-    from codegen.pipeline import generate, open_context, pinned_hash_findings, registry_data
+    from codegen.pipeline import generate, open_context, pinned_hash_findings
+    from codegen.registry import registry_data
 
     try:
         context = open_context(

@@ -86,6 +86,9 @@ def test_readme_shows_the_user_guide_commands() -> None:
     assert documented_blocks(README) == documented_blocks(GUIDE)
 
 
+# the commands are the same on every supported release (`tools/cpu_env.py path` names the env the
+# generated code is for); test_serve_pair.py serves each release in compiled mode
+@pytest.mark.primary_release
 def test_documented_launch_serves_a_completion_in_compiled_mode(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -170,3 +170,26 @@ def test_remove_superseded_keeps_other_releases(
     cpu_env._remove_superseded(tmp_path / names["current"])
     left = {path.name for path in tmp_path.iterdir()}
     assert left == set(names.values()) - {names["older"]}
+
+
+@pytest.mark.parametrize(
+    ("generated", "expected"), [(None, "env"), ("0.26.0", "env"), ("0.28.0", "env-vllm0.28.0")]
+)
+def test_path_follows_the_generated_code(
+    generated: str | None,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`path` names the env of the release the checkout's generated code is for (the primary
+    without generated code), so the documented `source "$(python3 tools/cpu_env.py path)/..."`
+    activates an env that can import it."""
+    monkeypatch.setenv("AFD_CPU_ENV", str(tmp_path / "env"))
+    project = tmp_path / "checkout"
+    registry = project / "afd_models/_generated/__init__.py"
+    registry.parent.mkdir(parents=True)
+    if generated is not None:
+        registry.write_text(f'UPSTREAM = {{"vllm": "{generated}"}}\n')
+    assert cpu_env.main(["path", "--project", str(project)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / expected)

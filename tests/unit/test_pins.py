@@ -105,3 +105,19 @@ def test_an_installed_release_outside_the_window_is_refused() -> None:
         SourceError, match=rf"vllm {installed} is installed, .*supported: 0\.1\.0, 0\.2\.0"
     ):
         choose_version(other, None)
+
+
+def test_audit_apply_adds_a_release_to_the_window(tmp_path: Path) -> None:
+    """``audit --apply`` (drift_cli.support) adds to vLLM's also_supported, in release order,
+    once, and leaves the other packages' tables alone."""
+    from codegen.drift_cli import support
+
+    path = tmp_path / "pins.toml"
+    path.write_text(VLLM + PIN)
+    support(path, "0.30.0")
+    assert load_pins(path)["vllm"].supported == ("0.26.0", "0.30.0")
+    support(path, "0.28.0")
+    support(path, "0.30.0")
+    pins = load_pins(path)
+    assert pins["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
+    assert pins["vllm_ascend"].supported == ("0.26.0rc1",)

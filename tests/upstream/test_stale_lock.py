@@ -69,7 +69,26 @@ def test_tests_session_checks_before_it_regenerates() -> None:
         posargs=[], log=lambda *_: None, run=lambda *args, **_: commands.append(args)
     )
     noxfile.tests(session)
-    steps = [args[1:3] for args in commands]
-    assert steps == [("-m", "codegen"), ("-m", "codegen"), ("-m", "pytest")], commands
+    steps = [args[1:4] for args in commands]
+    assert steps == [
+        ("-m", "codegen", "check"),
+        ("-m", "codegen", "regenerate"),
+        ("-m", "pytest", "tests/unit"),
+        # the other supported release (0.28.0), in its own env: its code, its tiers, then the
+        # primary's code again for the checkout
+        ("-m", "codegen", "regenerate"),
+        ("-m", "pytest", "tests/cpu"),
+        ("-m", "codegen", "regenerate"),
+    ], commands
     assert commands[0][1:] == noxfile.COMMITTED_CHECK
-    assert commands[1][3] == "regenerate"
+    primary, other = commands[1][0], commands[3][0]
+    assert primary != other and "0.28.0" in other
+    assert [c[0] for c in commands] == [primary, primary, primary, other, other, primary]
+    assert commands[4][1:] == (
+        "-m",
+        "pytest",
+        "tests/cpu",
+        "tests/e2e_cpu",
+        "-m",
+        "not primary_release",
+    )
