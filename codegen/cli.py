@@ -47,18 +47,25 @@ def _vllm_version(args: argparse.Namespace) -> str:
     return choose_version(pin, args.vllm_version, use_installed=reads_installed)
 
 
+def _all_versions_alone(args: argparse.Namespace) -> bool:
+    """Whether ``--all-versions`` comes without options naming one release (else it says so)."""
+    if args.vllm_version or args.upstream_root:
+        print(
+            f"codegen {args.command}: --all-versions reads every supported release itself; drop "
+            f"--vllm-version and --upstream-root; exit {EXIT_TOOL_ERROR}",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
 def _regenerate_locks(args: argparse.Namespace, on_disk: str) -> int:
     """``--all-versions``: the lock of every supported release other than ``on_disk``."""
     from codegen.generate import PINS_PATH
     from codegen.pipeline import generate, open_context, write_lock
     from codegen.sources import load_pins
 
-    if args.vllm_version or args.upstream_root:
-        print(
-            "codegen regenerate: --all-versions reads every supported release itself; drop "
-            f"--vllm-version and --upstream-root; exit {EXIT_TOOL_ERROR}",
-            file=sys.stderr,
-        )
+    if not _all_versions_alone(args):
         return EXIT_TOOL_ERROR
     for version in load_pins(args.repo / PINS_PATH)["vllm"].supported:
         if version == on_disk:
@@ -115,12 +122,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from codegen.sources import load_pins
 
     if args.all_versions:
-        if args.vllm_version or args.upstream_root:
-            print(
-                "codegen check: --all-versions reads every supported release itself; drop "
-                f"--vllm-version and --upstream-root; exit {EXIT_TOOL_ERROR}",
-                file=sys.stderr,
-            )
+        if not _all_versions_alone(args):
             return EXIT_TOOL_ERROR
         versions = load_pins(args.repo / PINS_PATH)["vllm"].supported
     else:
@@ -205,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--all-versions",
         action="store_true",
-        help="check every supported vLLM release from source (runtime checks: the installed one)",
+        help="check every supported vLLM release from source (runtime checks: the installed one, with its code on disk)",
     )
     check.add_argument("-v", "--verbose", action="store_true")
     check.set_defaults(func=cmd_check)

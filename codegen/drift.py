@@ -24,9 +24,9 @@ A symbol that cannot be analysed is a DRF060 finding, never a silent skip.
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import re
-import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -549,16 +549,24 @@ class NewBodies:
 _LOSS = (Kind.DRIFT_REMOVED, Kind.DRIFT_MOVED, Kind.DRIFT_RENAMED, Kind.DRIFT_KIND)
 
 
-def _unused_on_new(finding: Finding, lock: dict[str, Any], bodies: NewBodies) -> Finding:
-    """A lost name that only forked bodies imported, and that none uses once the overlay's edits
-    for the new release applied (per-release alternatives replaced it), is info."""
+def _unused_on_new(
+    finding: Finding, lock: dict[str, Any], bodies: NewBodies, own: frozenset[str] | None
+) -> Finding:
+    """A lost name that generated code imported only for forked bodies, and that none uses once
+    the overlay's edits for the new release applied (per-release alternatives replaced it), is
+    info. ``own``: the names AFD's own members (overrides, extends) use, the same on every
+    release; None when unknown (nothing is lowered)."""
     entry = lock.get("symbols", {}).get(finding.symbol, {})
+    # the names the generated modules bind it to (``module:NAME``)
+    local = {user.rsplit(":", 1)[-1].split(".")[0] for user in entry.get("used_by", [])}
     if (
         finding.kind not in _LOSS
         or finding.severity is Severity.INFO
         or entry.get("roles") != ["generated_import"]
+        or own is None
         or not bodies.complete
-        or SymbolRef.parse(finding.symbol).qualname.split(".")[0] in bodies.names
+        or not local
+        or local & (bodies.names | own)
     ):
         return finding
     return replace(
@@ -757,19 +765,27 @@ def _rebase(
 
 
 def _only_renamed(old: Member, new: Member, renames: dict[str, Rename]) -> str:
-    """The renames (``a -> b``) that make ``old``'s body ``new``'s, up to cosmetics; "" if none do."""
-    used = [
-        r for r in renames.values() if re.search(rf"\b{re.escape(r.old.qualname)}\b", old.source())
-    ]
+    """The renames (``a -> b``) that make ``old``'s body ``new``'s, up to cosmetics; "" if none do.
+    Only bare names are renamed (not attributes, keywords or strings)."""
+    names = {r.old.qualname: r for r in renames.values() if "." not in r.old.qualname}
+    used = {
+        node.id: names[node.id]
+        for node in ast.walk(old.node)
+        if isinstance(node, ast.Name) and node.id in names
+    }
     if not used:
         return ""
-    source = textwrap.dedent(old.source())
-    for rename in used:
-        source = re.sub(rf"\b{re.escape(rename.old.qualname)}\b", rename.new.qualname, source)
-    renamed = ast.parse(source).body[0]
+
+    class Renamer(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.Name:
+            if node.id in used:
+                return ast.copy_location(ast.Name(used[node.id].new.qualname, node.ctx), node)
+            return node
+
+    renamed = Renamer().visit(copy.deepcopy(old.node))
     if not same_behaviour(renamed, new.node):
         return ""
-    return ", ".join(f"{r.old.qualname} -> {r.new.qualname}" for r in used)
+    return ", ".join(f"{r.old.qualname} -> {r.new.qualname}" for r in used.values())
 
 
 def _generated_diff(
@@ -924,10 +940,12 @@ def compare(
     new: Side,
     *,
     files: set[str] | None = None,
+    own: frozenset[str] | None = None,
 ) -> list[Finding]:
     """Every lock-based drift finding between two upstream trees (symbols, forks, contracts).
 
     ``files``: only symbols defined in these upstream files (paths as the lock records them).
+    ``own``: the global names AFD's own members use (:func:`_unused_on_new`).
     """
     if files is not None:
         lock = _restricted(lock, files)
@@ -935,8 +953,10 @@ def compare(
     sites: dict[str, list[str]] = {}
     bodies = NewBodies()
     forks = list(fork_findings(lock, overlay_edits, old, new, renames, sites, bodies))
+    bodies.complete &= files is None  # a restricted lock rebases only some forks
     findings = [
-        _unused_on_new(f, lock, bodies) for f in symbol_findings(lock, old, new, renames, sites)
+        _unused_on_new(f, lock, bodies, own)
+        for f in symbol_findings(lock, old, new, renames, sites)
     ]
     return findings + forks + list(contract_findings(lock, old, new))
 

@@ -31,6 +31,8 @@ from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import read_lock
 from codegen.markers import Edit
+from codegen.model import MemberKind
+from codegen.names import global_names
 from codegen.overlay import load_overlay, overlay_files
 from codegen.releases import release_key
 from codegen.report import as_json, as_markdown, as_sarif, counts, ordered
@@ -122,7 +124,7 @@ def run_drift(
         }
     if lock is not None:
         old, new = Side(old_version, old_index), Side(new_version, new_index)
-        findings.extend(compare(lock, edits, old, new))
+        findings.extend(compare(lock, edits, old, new, own=own_names(repo_root)))
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
     origins = {
         "from": old_context.sources[package].origin,
@@ -152,6 +154,18 @@ def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
                     if member.edits:
                         edits[(key, member.name)] = member.edits
     return edits
+
+
+def own_names(repo_root: Path) -> frozenset[str]:
+    """The global names the overlay's own members (overrides, extends, attributes) use: the same
+    code on every release."""
+    names: set[str] = set()
+    for path in overlay_files(repo_root):
+        for overlay_class in load_overlay(repo_root, path).classes:
+            for member in overlay_class.members:
+                if member.kind is not MemberKind.FORK:
+                    names |= global_names(member.node)
+    return frozenset(names)
 
 
 def _write(text: str, out: Path | None) -> None:
@@ -324,17 +338,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 "--apply: nothing written, regeneration against the new version is blocked (see the work list)"
             )
             return EXIT_BLOCK
-        support(args.repo / PINS_PATH, run.new_version)
-        # the pins are an input of every generation: the new release's lock, and the code on disk
-        # (the installed release's)
-        on_disk = choose_version(load_pins(args.repo / PINS_PATH)["vllm"], None)
-        for version, write in ((run.new_version, write_lock), (on_disk, write_output)):
-            generation, _ = generate(open_context(args.repo, version=version))
-            if generation.blocked:
-                raise SourceError(
-                    f"--apply: regeneration against vllm {version} blocked after re-pinning"
-                )
-            write(args.repo, generation)
+        pins = args.repo / PINS_PATH
+        before = pins.read_text()
+        try:
+            support(pins, run.new_version)
+            # the pins are an input of every generation: the new release's lock (from the tree
+            # audited), then the code on disk (the installed release's, else the primary's)
+            new, _ = generate(
+                open_context(args.repo, upstream_root=args.to_root, version=run.new_version)
+            )
+            on_disk, _ = generate(
+                open_context(args.repo, version=choose_version(load_pins(pins)["vllm"], None))
+            )
+            if new.blocked or on_disk.blocked:
+                pins.write_text(before)
+                _progress("--apply: nothing written, a regeneration with the new pins is blocked")
+                return EXIT_BLOCK
+            write_lock(args.repo, new)
+            write_output(args.repo, on_disk)
+        except BaseException:
+            pins.write_text(before)
+            raise
         _progress(
             f"--apply: vllm {run.new_version} added to the supported releases, its lock written; "
             "review `git diff`"
@@ -343,26 +367,34 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def support(pins: Path, version: str) -> None:
-    """Add ``version`` to vLLM's ``also_supported`` releases in ``pins`` (kept in order)."""
+    """Add ``version`` to vLLM's ``also_supported`` releases in ``pins`` (kept in release order);
+    the result must read back as exactly that window, else nothing is written."""
+    pin = load_pins(pins)["vllm"]
+    if version in pin.supported:
+        return
+    releases = sorted([*pin.also_supported, version], key=release_key)
+    line = "also_supported = [" + ", ".join(f'"{v}"' for v in releases) + "]"
     text = pins.read_text()
-    table = re.search(
-        r'(?ms)^\[\[upstream\]\]\s*\npackage = "vllm"\n.*?(?=^\[\[upstream\]\]|\Z)', text
-    )
+    table = re.search(r'(?ms)^package = "vllm"$.*?(?=^\[\[upstream\]\]|\Z)', text)
     if table is None:
-        raise SourceError(f"{pins}: no [[upstream]] table for vllm")
+        raise SourceError(f'{pins}: no [[upstream]] table with package = "vllm"')
     body = table.group(0)
-    listed = re.search(r"(?m)^also_supported = \[(.*)\]$", body)
-    if listed is None:
-        body = re.sub(
-            r'(?m)^(version = "[^"]+"\n)', rf'\1also_supported = ["{version}"]\n', body, count=1
+    if pin.also_supported:  # replace the list, however it is laid out
+        body, count = re.subn(r"(?ms)^also_supported\s*=\s*\[.*?\]", line, body, count=1)
+    else:  # a new key after the version
+        body, count = re.subn(r"(?m)^(version\s*=.*)$", rf"\1\n{line}", body, count=1)
+    updated = text[: table.start()] + body + text[table.end() :]
+    check = pins.with_name(pins.name + ".new")
+    check.write_text(updated)
+    try:
+        window = load_pins(check)["vllm"].supported if count else ()
+    finally:
+        check.unlink()
+    if window != (pin.version, *releases):
+        raise SourceError(
+            f"{pins}: could not add {version} to vllm's also_supported; add it by hand: {line}"
         )
-    else:
-        releases = [v.strip().strip('"') for v in listed.group(1).split(",") if v.strip()]
-        if version not in releases:
-            releases = sorted([*releases, version], key=release_key)
-        line = "also_supported = [" + ", ".join(f'"{v}"' for v in releases) + "]"
-        body = body[: listed.start()] + line + body[listed.end() :]
-    pins.write_text(text[: table.start()] + body + text[table.end() :])
+    pins.write_text(updated)
 
 
 def add_drift_commands(sub: Any) -> None:

@@ -44,7 +44,7 @@ from codegen.names import ModuleNamespace, global_names
 from codegen.overlay import OverlayError, load_overlay, overlay_files
 from codegen.pattern import PatternError, parse_pattern
 from codegen.registry import GENERATED_ROOT
-from codegen.releases import applicable
+from codegen.releases import applicable, parse_range
 
 LOCK_PATH = Path("overlay/overlay.lock")
 #: the locks of supported releases other than the primary pins
@@ -423,6 +423,19 @@ def _fork(
 ) -> GeneratedMember | None:
     parsed = parse_member(upstream)
     versions = namespace.index.versions
+    unknown = [e for e in decl.edits if e.when and parse_range(e.when).package not in versions]
+    if unknown:
+        findings.append(
+            Finding(
+                Kind.OVERLAY_INVALID,
+                Severity.BLOCK,
+                f"{symbol}#{unknown[0].id}",
+                f"when={unknown[0].when!r} names no pinned package; allowed: "
+                f"{', '.join(sorted(versions))}",
+                ours_at,
+            )
+        )
+        return None
     edits = applicable(decl.edits, versions)
     ids = [e.id for e in edits]
     if not edits or len(set(ids)) != len(ids):

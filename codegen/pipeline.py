@@ -15,7 +15,6 @@ from codegen.drift_cli import committed_edits
 from codegen.emit import package_files, render_module, render_registry
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import (
-    GENERATED_ROOT,
     PINS_PATH,
     Generation,
     build,
@@ -27,7 +26,8 @@ from codegen.generate import (
 from codegen.index import UpstreamIndex, sha256_text
 from codegen.lock import build_lock, read_lock, render_lock, sha256_of
 from codegen.overlay import OverlayError
-from codegen.registry import REGISTRY_PATH, registry_data
+from codegen.registry import GENERATED_ROOT, REGISTRY_PATH, registry_data
+from codegen.releases import parse_range
 from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
 
 
@@ -73,6 +73,7 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
     """Build, render and lock in memory. Text and lock are empty when a finding blocks."""
     index = UpstreamIndex(context.sources)
     generation = build(context.repo_root, index)
+    generation.findings.extend(dead_alternatives(generation, context.pins))
     if generation.blocked:
         return generation, index
     versions = context.versions
@@ -96,6 +97,31 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
     )
     generation.findings.extend(pinned_hash_findings(context, index))
     return generation, index
+
+
+def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Finding]:
+    """Edits whose ``when=`` holds no supported release of its package: code nothing generates."""
+    findings = []
+    for overlay in generation.overlays:
+        for overlay_class in overlay.classes:
+            for member in overlay_class.members:
+                for edit in member.edits:
+                    if edit.when is None:
+                        continue
+                    limit = parse_range(edit.when)
+                    pin = pins.get(limit.package)
+                    if pin is not None and not any(limit.contains(v) for v in pin.supported):
+                        findings.append(
+                            Finding(
+                                Kind.OVERLAY_INVALID,
+                                Severity.BLOCK,
+                                f"{overlay.generated_module}:{overlay_class.name}.{member.name}#{edit.id}",
+                                f"when={edit.when!r} holds none of the supported releases "
+                                f"({', '.join(pin.supported)}); drop the edit or the range",
+                                Location(str(overlay.path), member.line),
+                            )
+                        )
+    return findings
 
 
 def pinned_hash_findings(context: Context, index: UpstreamIndex) -> list[Finding]:

@@ -13,6 +13,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,17 +138,23 @@ def from_tree(package: str, version: str, directory: Path) -> UpstreamSource:
     )
 
 
-def installed_version(pin: Pin) -> str | None:
-    """The public version of the installed distribution providing ``pin.package``, if any."""
+def _installed(pin: Pin) -> Iterator[tuple[importlib.metadata.Distribution, Path]]:
+    """Installed distributions providing ``pin.package`` (by its name or a pinned distribution's),
+    with the package's ``__init__.py``."""
     names = {
         re.sub(r"[-_.]+", "-", n).lower()
         for n in (pin.package, *(d.name for d in pin.distributions))
     }
     for dist in importlib.metadata.distributions():
         if re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() in names:
-            if Path(str(dist.locate_file(f"{pin.package}/__init__.py"))).exists():
-                return public_version(dist.version)
-    return None
+            init = Path(str(dist.locate_file(f"{pin.package}/__init__.py")))
+            if init.exists():
+                yield dist, init
+
+
+def installed_version(pin: Pin) -> str | None:
+    """The public version of the installed distribution providing ``pin.package``, if any."""
+    return next((public_version(dist.version) for dist, _ in _installed(pin)), None)
 
 
 def choose_version(pin: Pin, requested: str | None, *, use_installed: bool = True) -> str:
@@ -175,14 +182,8 @@ def choose_version(pin: Pin, requested: str | None, *, use_installed: bool = Tru
 
 def from_installed(pin: Pin, version: str) -> UpstreamSource | None:
     """The installed distribution providing ``pin.package`` at ``version``, if any."""
-    names = {pin.package, *(d.name for d in pin.distributions)}
-    normalized = {re.sub(r"[-_.]+", "-", n).lower() for n in names}
-    for dist in importlib.metadata.distributions():
-        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
-        if name not in normalized or public_version(dist.version) != version:
-            continue
-        init = Path(str(dist.locate_file(f"{pin.package}/__init__.py")))
-        if init.exists():
+    for dist, init in _installed(pin):
+        if public_version(dist.version) == version:
             return UpstreamSource(
                 pin.package,
                 version,

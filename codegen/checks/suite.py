@@ -24,9 +24,10 @@ from typing import Any
 
 from codegen.checks import monkeypatch
 from codegen.findings import Finding, Kind, Location, Severity
-from codegen.generate import GENERATED_ROOT, Generation
+from codegen.generate import Generation
 from codegen.lock import lock_diff, render_lock
-from codegen.sources import Pin, SourceError
+from codegen.registry import GENERATED_ROOT
+from codegen.sources import Pin, SourceError, installed_version
 
 Progress = Callable[[str], None]
 
@@ -205,25 +206,47 @@ def run_checks(
             dataclasses.replace(f, message=f"[vllm {context.versions['vllm']}] {f.message}")
             for f in findings
         ]
+    checked = context.versions["vllm"]
     on_disk_release = (registry_data(repo_root) or {}).get("UPSTREAM", {}).get("vllm")
+    installed = installed_version(context.pins["vllm"])
     fresh = False
     if not generation.blocked:
         findings.extend(compare_lock(repo_root, generation))
-        if on_disk_release in (None, context.versions["vllm"]):
+        if on_disk_release in (None, checked):
             on_disk = compare_generated(repo_root, generation)
             findings.extend(on_disk)
             fresh = not on_disk
+        elif checked == installed:  # the code on disk cannot run with the installed vLLM
+            findings.append(
+                Finding(
+                    Kind.GENERATED_STALE,
+                    Severity.BLOCK,
+                    str(GENERATED_ROOT),
+                    f"holds vllm {on_disk_release}'s code, but vllm {installed} is installed; "
+                    "run `python -m codegen regenerate`",
+                )
+            )
         else:
             findings.append(
                 Finding(
                     Kind.RUNTIME_UNAVAILABLE,
                     Severity.INFO,
                     str(GENERATED_ROOT),
-                    f"holds vllm {on_disk_release}'s code: vllm {context.versions['vllm']} was "
-                    "checked from source (generation and lock), not on disk or at run time",
+                    f"holds vllm {on_disk_release}'s code: vllm {checked} was checked from "
+                    "source (generation and lock), not on disk or at run time",
                 )
             )
-            runtime = False
+    # the runtime checks import the generated code into the installed vLLM: only that release's
+    if runtime and installed not in (None, checked) and on_disk_release in (None, checked):
+        findings.append(
+            Finding(
+                Kind.RUNTIME_UNAVAILABLE,
+                Severity.INFO,
+                "vllm",
+                f"{installed} is installed: the runtime checks of vllm {checked} run in its env",
+            )
+        )
+    runtime = runtime and installed in (None, checked)
     progress("scanning for monkey patches")
     findings.extend(monkeypatch.scan(repo_root))
     if not runtime:

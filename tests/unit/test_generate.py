@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from codegen.generate import GENERATED_ROOT, LOCK_PATH
+from codegen.generate import LOCK_PATH
 from codegen.pipeline import Context, generate, up_to_date, write_output
+from codegen.registry import GENERATED_ROOT
 
 from .fake_repo import HEADER, make_repo
 
@@ -273,8 +274,9 @@ class AFDBase(Base):
 
 
 def at_release(context: Context, version: str) -> Context:
-    """``context`` reading the same fake upstream as vLLM ``version``, which the pins support."""
-    pin = dataclasses.replace(context.pins["vllm"], also_supported=(version,))
+    """``context`` reading the same fake upstream as vLLM ``version``, with pins supporting 0.26.0
+    (the primary) and 0.28.0."""
+    pin = dataclasses.replace(context.pins["vllm"], also_supported=("0.28.0",))
     source = dataclasses.replace(context.sources["vllm"], version=version)
     return dataclasses.replace(context, pins={"vllm": pin}, sources={"vllm": source})
 
@@ -288,7 +290,7 @@ def test_each_release_gets_its_edits_and_its_lock(tmp_path: Path) -> None:
         ("0.26.0", "gate=None", LOCK_PATH),
         ("0.28.0", "gate=0", Path("overlay/locks/vllm-0.28.0.lock")),
     ):
-        generation, _ = generate(context if version == "0.26.0" else at_release(context, version))
+        generation, _ = generate(at_release(context, version))
         assert not generation.findings, [f.one_line() for f in generation.findings]
         assert f"make_experts(size, {code}, prefix=" in generation.files[module]
         assert generation.lock_path == lock
@@ -308,9 +310,24 @@ def test_alternatives_must_cover_each_release_once(
 ) -> None:
     overlay = ALTERNATIVES.replace('when="vllm<0.27"', first).replace('when="vllm>=0.27"', second)
     generation, _ = generate(make_repo(tmp_path, HEADER + overlay))
+    (finding,) = [f for f in generation.findings if expected in f.message]
+    assert finding.code == "OVL001" and "vllm 0.26.0" in finding.message
+
+
+def test_a_range_no_supported_release_holds_is_dead_code(tmp_path: Path) -> None:
+    """An alternative for releases outside the support window is refused, naming the window."""
+    overlay = ALTERNATIVES.replace('when="vllm>=0.27"', 'when="vllm>=0.40"')
+    generation, _ = generate(make_repo(tmp_path, HEADER + overlay))
     (finding,) = generation.findings
-    assert finding.code == "OVL001" and expected in finding.message
-    assert "vllm 0.26.0" in finding.message
+    assert finding.code == "OVL001" and finding.symbol.endswith("AFDBase.__init__#gate")
+    assert "when='vllm>=0.40' holds none of the supported releases (0.26.0)" in finding.message
+
+
+def test_a_range_of_an_unpinned_package_is_refused(tmp_path: Path) -> None:
+    overlay = ALTERNATIVES.replace('when="vllm>=0.27"', 'when="vlm>=0.27"')
+    generation, _ = generate(make_repo(tmp_path, HEADER + overlay))
+    messages = [f.message for f in generation.findings if f.code == "OVL001"]
+    assert "when='vlm>=0.27' names no pinned package; allowed: vllm" in messages
 
 
 @pytest.mark.parametrize(

@@ -121,3 +121,21 @@ def test_audit_apply_adds_a_release_to_the_window(tmp_path: Path) -> None:
     pins = load_pins(path)
     assert pins["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
     assert pins["vllm_ascend"].supported == ("0.26.0rc1",)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        'also_supported = [\n    "0.28.0",  # the next\n]  # window\n',
+        'also_supported = ["0.28.0"] # window\n',
+    ],
+)
+def test_audit_apply_keeps_any_list_layout_valid(tmp_path: Path, layout: str) -> None:
+    from codegen.drift_cli import support
+
+    path = tmp_path / "pins.toml"
+    path.write_text(VLLM.replace('version = "0.26.0"', 'version = "0.26.0"  # primary') + layout)
+    support(path, "0.30.0")
+    assert load_pins(path)["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
+    support(path, "0.26.0")  # the primary: nothing to add
+    assert load_pins(path)["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
