@@ -26,7 +26,8 @@ from codegen.model import GeneratedClass, MemberKind, SymbolRef
 from codegen.pattern import PatternError
 
 #: documents scanned for dotted paths of our classes
-DOC_GLOBS = ("README.md", "docs/**/*.md")
+#: the documentation users follow; docs/reports/ holds generated reports of past states
+DOC_GLOBS = ("README.md", "docs/*.md")
 _DOTTED = re.compile(r"\bafd_models(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 #: the patch packages of a platform plugin, in the order vLLM-Ascend imports them at run time
 PATCH_MODULES = ("patch.platform", "patch.worker")
