@@ -8,11 +8,12 @@ that fixes it.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.metadata
 import json
 from pathlib import Path
+
+from codegen.registry import registry_data
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 GENERATED_DIR = PACKAGE_DIR / "_generated"
@@ -30,19 +31,11 @@ def _sha256(path: Path) -> str:
 
 
 def _registry() -> dict[str, object]:
-    path = GENERATED_DIR / "__init__.py"
-    if not path.exists():
+    values = registry_data(CHECKOUT_ROOT)
+    if values is None:
         raise GeneratedCodeError(
             f"afd_models/_generated is missing (generated code is a build artifact): {FIX}"
         )
-    values: dict[str, object] = {}
-    for node in ast.parse(path.read_text()).body:
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-        ):
-            values[node.targets[0].id] = ast.literal_eval(node.value)
     return values
 
 
