@@ -30,10 +30,12 @@ TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
 REQUIRED_TIERS = ("unit", "upstream", "cpu", "e2e_cpu")
 
 
-def _cpu_python(session: nox.Session) -> str:
-    """Create or reuse the CPU env (progress on stderr) and return its python."""
-    session.log("preparing the CPU env (vllm 0.26.0+cpu); first run installs ~6 GB")
-    return str(cpu_env.ensure(ROOT))
+def _cpu_python(session: nox.Session, version: str | None = None) -> str:
+    """Create or reuse the CPU env of ``version`` (default: the primary pin; progress on stderr)
+    and return its python."""
+    release = version or cpu_env.supported_versions()[0]
+    session.log(f"preparing the CPU env of vLLM {release}; a first build installs ~6 GB")
+    return str(cpu_env.ensure(ROOT, vllm_version=version))
 
 
 def _regenerate_with(session: nox.Session, python: str) -> None:
@@ -57,22 +59,28 @@ def _check_committed_with(session: nox.Session, python: str) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """Static checks on the committed tree, every test tier this machine can run (gpu and npu skip with a reason), then the cpu and e2e_cpu tiers on each other supported vLLM release."""
-    python = _cpu_python(session)
+    # every release's env first: one that cannot be built fails the run before any tier starts
+    pythons = {version: _cpu_python(session, version) for version in cpu_env.supported_versions()}
+    run_tests(session, pythons)
+
+
+def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
+    """The commands of `tests`, given each supported release's python (the primary first)."""
+    (primary, python), *others = pythons.items()
     _check_committed_with(session, python)
     _regenerate_with(session, python)
-    paths = [f"tests/{tier}" for tier in TEST_TIERS]
+    session.log(f"every tier on vLLM {primary}")
     session.run(
         python,
         "-m",
         "pytest",
-        *paths,
+        *(f"tests/{tier}" for tier in TEST_TIERS),
         *session.posargs,
         external=True,
         env={"AFD_REQUIRED_TIERS": ",".join(REQUIRED_TIERS)},
     )
-    for version in cpu_env.supported_versions()[1:]:
+    for version, other in others:
         session.log(f"the {', '.join(RELEASE_TIERS)} tiers on vLLM {version} (its own CPU env)")
-        other = str(cpu_env.ensure(ROOT, vllm_version=version))
         # afd_models/_generated holds one release's code: this one's for these tiers, then the
         # primary's again for the checkout
         _regenerate_with(session, other)

@@ -11,6 +11,10 @@ import pytest
 
 from afd_models.testing import gloo_bench
 
+#: AFD's own benchmark tool: the connector it times is tested on every supported release
+#: (test_gloo_connector.py)
+pytestmark = pytest.mark.primary_release
+
 
 @pytest.mark.timeout(300)
 def test_connector_and_both_raw_baselines_give_positive_times() -> None:

@@ -6,7 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
+
+#: the command line of AFD's own builder; the builder itself runs on every supported release,
+#: under every e2e and verify test
+pytestmark = pytest.mark.primary_release
 
 COMMAND = [sys.executable, "-m", "afd_models.testing.tiny_models"]
 
