@@ -478,6 +478,15 @@ def _one_symbol(
     )
 
 
+def is_callee(roles: set[str]) -> bool:
+    """Whether the lock records a symbol only as something AFD's code calls (imported by
+    generated, overlay or runtime code), never forked, overridden or extended: its signature
+    changes are one callee finding (DRF022) naming the call sites."""
+    return bool(roles & {"generated_import", "overlay_import", "runtime_import"}) and not (
+        roles & {"fork", "override", "extended", "replaced"}
+    )
+
+
 def _signature_changes(
     ref: SymbolRef,
     roles: set[str],
@@ -493,9 +502,7 @@ def _signature_changes(
     changed = differences(old_sig, new_sig)
     if not changed:
         return
-    callee = bool(
-        roles & {"generated_import", "overlay_import", "runtime_import"}
-    ) and not roles & {"fork", "override", "extended", "replaced"}
+    callee = is_callee(roles)
     reordered = any(diff.kind == "param_order" for diff in changed)
     for diff in changed:
         kind = Kind.DRIFT_CALLEE_SIGNATURE if callee else _SIGNATURE_KINDS[diff.kind]

@@ -7,9 +7,9 @@ symbol the lock records counts as detected only when drift reports the finding c
 the break; other findings do not count:
 
 ==================  ==========================================================================
-rename_param        DRF012
-change_default      DRF015
-drop_param          DRF011
+rename_param        DRF012 (DRF022 for a method AFD's code only calls: :func:`_signature_code`)
+change_default      DRF015 (idem)
+drop_param          DRF011 (idem)
 change_body         by the method's role (:func:`_body_code`): a fork DRF032 (DRF030 when the
                     new line splits anchored statements), an overridden method DRF020, an
                     inherited or relied-on one DRF021
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codegen.drift import is_callee
 from codegen.drift_cli import run_drift
 from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
@@ -165,6 +166,18 @@ def _body_code(roles: set[str]) -> str:
     return "DRF020"
 
 
+def _in_vllm(symbol: dict[str, Any]) -> bool:
+    """Whether a symbol the lock records lives in vLLM's source, the tree mutations change (what
+    the lock records of the other pinned packages, vLLM-Ascend's, is left out)."""
+    return symbol.get("file", "").startswith("vllm/")
+
+
+def _signature_code(roles: set[str], code: str) -> str:
+    """What drift must report when a recorded method's signature changes: ``code``, or, for a
+    method AFD's code only calls, the callee finding DRF022 that names the call sites."""
+    return "DRF022" if is_callee(roles) else code
+
+
 class Mutator:
     """Builds mutations from the lock's symbols and from the unrecorded functions and methods of
     the upstream files the lock tracks."""
@@ -176,9 +189,8 @@ class Mutator:
         self._texts: dict[str, str] = {}
         #: recorded methods grouped by their roles, so that rare roles (forks) get drawn too
         self.recorded: dict[str, list[str]] = {}
-        # vLLM's source is mutated; what the lock records of other pinned packages is left out
         for key, entry in sorted(lock["symbols"].items()):
-            if entry.get("kind") == "method" and entry.get("file", "").startswith("vllm/"):
+            if entry.get("kind") == "method" and _in_vllm(entry):
                 self.recorded.setdefault(" ".join(sorted(entry["roles"])), []).append(key)
         self.unrecorded = list(self._unrecorded())
 
@@ -276,12 +288,12 @@ class Mutator:
 
     def _rename_param(self, used: bool) -> Mutation | None:
         """Append ``_renamed`` to one parameter's name."""
-        key, path, node, _ = self._method(used)
+        key, path, node, roles = self._method(used)
         params = self._params(node)
         if not params:
             return None
         param = self.rng.choice(params)
-        expected = "DRF012" if used else None
+        expected = _signature_code(roles, "DRF012") if used else None
         width = len(param.arg.encode())
         return self._replace(
             "rename_param", key, path, expected, param, width, f"{param.arg}_renamed"
@@ -289,7 +301,7 @@ class Mutator:
 
     def _change_default(self, used: bool) -> Mutation | None:
         """Change one constant default (``True`` to ``False``, a string, ``None`` to ``0``, ...)."""
-        key, path, node, _ = self._method(used)
+        key, path, node, roles = self._method(used)
         defaults = [
             d for d in [*node.args.defaults, *node.args.kw_defaults] if isinstance(d, ast.Constant)
         ]
@@ -307,13 +319,13 @@ class Mutator:
             new = "0"
         else:
             new = "None"
-        expected = "DRF015" if used else None
+        expected = _signature_code(roles, "DRF015") if used else None
         width = (default.end_col_offset or 0) - default.col_offset
         return self._replace("change_default", key, path, expected, default, width, new)
 
     def _drop_param(self, used: bool) -> Mutation | None:
         """Remove one parameter written on a line of its own."""
-        key, path, node, _ = self._method(used)
+        key, path, node, roles = self._method(used)
         params = [p for p in self._params(node) if p.lineno != node.lineno]
         if not params:
             return None
@@ -323,7 +335,7 @@ class Mutator:
             p is not param and p.lineno == param.lineno for p in params
         ):
             return None  # only a parameter alone on its line (draw() rejects one that runs on)
-        expected = "DRF011" if used else None
+        expected = _signature_code(roles, "DRF011") if used else None
         return Mutation("drop_param", key, path, expected, param.lineno, param.lineno, ())
 
     # --- body operators -------------------------------------------------------------
@@ -385,7 +397,7 @@ class Mutator:
                 for edit_id, anchor in member.get("anchors", {}).items():
                     if len(anchor["lines"]) == 1 and member.get("upstream"):
                         symbol = self.lock["symbols"][member["upstream"]]
-                        if not symbol["file"].startswith("vllm/"):
+                        if not _in_vllm(symbol):
                             continue
                         anchors.append(
                             (
@@ -407,8 +419,10 @@ class Mutator:
         for entry in self.lock["classes"].values():
             for method, stated in (entry.get("relies_on") or {}).items():
                 key = entry["inherited"].get(method)
+                if key is None or not _in_vllm(self.lock["symbols"][key]):
+                    continue
                 for contract_id, recorded in stated.items():
-                    if key is not None and recorded.get("lines"):
+                    if recorded.get("lines"):
                         contracts[f"{key}#{contract_id}"] = (key, recorded)
         if not contracts:
             return None
@@ -435,7 +449,7 @@ class Mutator:
         extends = []
         for entry in self.lock["classes"].values():
             for name, member in entry["members"].items():
-                if member["kind"] == "extend":
+                if member["kind"] == "extend" and _in_vllm(self.lock["symbols"][entry["base"]]):
                     extends.append((entry["base"], name))
         if not extends:
             return None
@@ -454,7 +468,10 @@ class Mutator:
         bases = sorted(
             k
             for k, v in self.lock["symbols"].items()
-            if v.get("kind") == "class" and "base" in v.get("roles", []) and v.get("bases")
+            if v.get("kind") == "class"
+            and "base" in v.get("roles", [])
+            and v.get("bases")
+            and _in_vllm(v)
         )
         if not bases:
             return None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ import pytest
 from codegen.cli import main
 from codegen.drift_cli import UnknownPackage, drift_markdown, run_drift
 from codegen.findings import summary
+from codegen.mutations import OPERATORS, Mutator
 from codegen.mutations import run as run_mutations
+from codegen.pipeline import generate, open_context
 
 from .conftest import REPO
 
@@ -228,6 +231,20 @@ def test_audit_writes_report_and_leaves_overlay_alone(tmp_path: Path) -> None:
     assert "dry-run regeneration against 0.30.0: **blocked**" in text
     assert json.loads((tmp_path / "audit.json").read_text())["regeneration"]["blocked"] is True
     assert {p: (REPO / p).read_text() for p in before} == before
+
+
+def test_mutations_change_only_vllm_source() -> None:
+    """The lock also records vLLM-Ascend's symbols (the NPU classes' bases and relied-on methods);
+    mutations change a copy of vLLM's tree only, so every operator draws from vLLM's files."""
+    context = open_context(REPO, quiet=True)
+    generation, _ = generate(context)
+    files = {entry.get("file", "") for entry in generation.lock["symbols"].values()}
+    assert any(f.startswith("vllm_ascend/") for f in files)
+    mutator = Mutator(context, generation.lock, random.Random(0))
+    for operator in OPERATORS:
+        for _ in range(30):
+            mutation = mutator.make(operator)
+            assert mutation is None or mutation.path.startswith("vllm/"), (operator, mutation)
 
 
 def test_mutations_are_detected() -> None:
