@@ -7,21 +7,24 @@ by ``"module:Class"`` string, so nothing is imported until a worker builds the m
 
 from __future__ import annotations
 
-GENERATED_MODELS = "afd_models._generated.vllm.model_executor.models.deepseek_v2"
+#: the package of the generated model modules (one per upstream model module the overlay mirrors)
+GENERATED_MODELS = "afd_models._generated.vllm.model_executor.models"
 
-#: native architecture -> (AFD architecture name, generated class)
+#: native architecture -> (AFD architecture name, ``module:Class`` under GENERATED_MODELS).
+#: A new model family is one overlay file plus its entries here (docs/maintainers.md).
 AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "DeepseekForCausalLM": ("AFDDeepseekForCausalLM", "AFDDeepseekForCausalLM"),
-    "DeepseekV2ForCausalLM": ("AFDDeepseekV2ForCausalLM", "AFDDeepseekV2ForCausalLM"),
-    "DeepseekV3ForCausalLM": ("AFDDeepseekV3ForCausalLM", "AFDDeepseekV3ForCausalLM"),
+    "DeepseekForCausalLM": ("AFDDeepseekForCausalLM", "deepseek_v2:AFDDeepseekForCausalLM"),
+    "DeepseekV2ForCausalLM": ("AFDDeepseekV2ForCausalLM", "deepseek_v2:AFDDeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("AFDDeepseekV3ForCausalLM", "deepseek_v2:AFDDeepseekV3ForCausalLM"),
     # vLLM 0.26 serves V3.2 with its V3 class (the sparse indexer is switched by the config)
-    "DeepseekV32ForCausalLM": ("AFDDeepseekV32ForCausalLM", "AFDDeepseekV3ForCausalLM"),
+    "DeepseekV32ForCausalLM": ("AFDDeepseekV32ForCausalLM", "deepseek_v2:AFDDeepseekV3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("AFDQwen3MoeForCausalLM", "qwen3_moe:AFDQwen3MoeForCausalLM"),
 }
 
 
 def registrations() -> dict[str, str]:
     """AFD architecture name -> ``module:Class`` path, as registered."""
-    return {afd: f"{GENERATED_MODELS}:{cls}" for afd, cls in AFD_ARCHITECTURES.values()}
+    return {afd: f"{GENERATED_MODELS}.{path}" for afd, path in AFD_ARCHITECTURES.values()}
 
 
 def afd_architecture(native: str) -> str:

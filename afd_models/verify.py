@@ -1,4 +1,4 @@
-"""Check that AFD computes exactly what native vLLM computes, for a DeepSeek config of yours.
+"""Check that AFD computes exactly what native vLLM computes, for a DeepSeek or Qwen3-MoE config of yours.
 
     VLLM_MLA_DISABLE=1 python -m afd_models.verify --hf-config path/to/config.json \\
         [--gate-on attention|ffn|both] [--tokens N] [--decode-steps D] [--seed S] \\
@@ -12,9 +12,9 @@ absolute and relative difference per layer and overall. Exit 0 only within the d
 bitwise for float32 (the computation order is the same), relative 1e-3 / 1.6e-2 for float16 /
 bfloat16. Each run happens in a subprocess with vLLM's in-process engine.
 
-``--shrink`` keeps the config's structure (routing method, groups, correction bias, shared
-experts, dense-layer count, scaling) but makes it small enough for a CPU; without it, configs
-over ~1e9 parameters are refused.
+``--shrink`` keeps the config's structure (DeepSeek: routing method, groups, correction bias,
+shared experts, dense-layer count, scaling; Qwen3-MoE: top-k normalization, sparse step, dense
+layers) but makes it small enough for a CPU; without it, configs over ~1e9 parameters are refused.
 """
 
 from __future__ import annotations
@@ -29,13 +29,20 @@ from pathlib import Path
 from typing import Any
 
 from afd_models.plugin import AFD_ARCHITECTURES
-from afd_models.testing.tiny_models import is_moe_layer, uses_mha, write_checkpoint
+from afd_models.testing.tiny_models import (
+    effective_config,
+    is_moe_layer,
+    is_qwen3_moe,
+    routed_experts,
+    uses_mha,
+    write_checkpoint,
+)
 
 TOLERANCE = {"float32": 0.0, "float16": 1e-3, "bfloat16": 1.6e-2}
 #: attention head sizes vLLM's CPU attention backend supports
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 MAX_PARAMS = 1_000_000_000
-REQUIRED = (
+_COMMON = (
     "architectures",
     "model_type",
     "hidden_size",
@@ -43,12 +50,12 @@ REQUIRED = (
     "num_attention_heads",
     "vocab_size",
     "intermediate_size",
-    "n_routed_experts",
     "num_experts_per_tok",
     "moe_intermediate_size",
-    "first_k_dense_replace",
     "rms_norm_eps",
 )
+REQUIRED = (*_COMMON, "n_routed_experts", "first_k_dense_replace")
+QWEN3_MOE_REQUIRED = (*_COMMON, "num_experts")
 MLA_FIELDS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
 
 
@@ -65,21 +72,38 @@ def load_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def validate(config: dict[str, Any], *, mla_disabled: bool) -> None:
-    """Refuse what cannot be verified on the CPU platform, naming the field and the fix."""
+def check_fields(config: dict[str, Any]) -> None:
+    """Refuse an architecture without an AFD model, or a config without the fields its family
+    needs (before ``--shrink``, which reads them)."""
     architectures = config.get("architectures") or []
     if len(architectures) != 1 or architectures[0] not in AFD_ARCHITECTURES:
         raise VerifyError(
-            f"architectures={architectures!r} is not a DeepSeek architecture with an AFD model; "
+            f"architectures={architectures!r} is not an architecture with an AFD model; "
             f"allowed: one of {sorted(AFD_ARCHITECTURES)}"
         )
-    missing = [key for key in REQUIRED if key not in config]
-    if not uses_mha(config):
-        missing += [key for key in MLA_FIELDS if key not in config]
-    if missing:
+    qwen3 = architectures[0] == "Qwen3MoeForCausalLM"
+    if qwen3 != is_qwen3_moe(config):
         raise VerifyError(
-            f"the config lacks {missing}, which a DeepSeek {config.get('model_type')!r} config needs"
+            f"model_type={config.get('model_type')!r} does not match architectures={architectures!r}"
+            + ("; allowed: 'qwen3_moe'" if qwen3 else "")
         )
+    if qwen3:
+        missing = [key for key in QWEN3_MOE_REQUIRED if key not in config]
+    else:
+        missing = [key for key in REQUIRED if key not in config]
+        if not uses_mha(config):
+            missing += [key for key in MLA_FIELDS if key not in config]
+    if missing:
+        family = "Qwen3-MoE" if qwen3 else f"DeepSeek {config.get('model_type')!r}"
+        raise VerifyError(f"the config lacks {missing}, which a {family} config needs")
+
+
+def validate(config: dict[str, Any], *, mla_disabled: bool) -> None:
+    """Refuse what cannot be verified on the CPU platform, naming the field and the fix."""
+    check_fields(config)
+    if is_qwen3_moe(config):
+        _validate_qwen3_moe(config)
+        return
     if "index_topk" in config:
         raise VerifyError(
             "index_topk is set: DeepSeek-V3.2 sparse attention cannot run on vLLM's CPU platform"
@@ -88,6 +112,7 @@ def validate(config: dict[str, Any], *, mla_disabled: bool) -> None:
         raise VerifyError(
             "n_routed_experts=None: the model has no MoE layers, AFD has nothing to split"
         )
+    transformers_accepts(config)
     if not uses_mha(config):
         if not mla_disabled:
             raise VerifyError(
@@ -106,11 +131,62 @@ def validate(config: dict[str, Any], *, mla_disabled: bool) -> None:
         raise VerifyError(f"topk_group={config.get('topk_group')} exceeds n_group={group}")
 
 
+def _validate_qwen3_moe(config: dict[str, Any]) -> None:
+    transformers_accepts(config)
+    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
+    if not experts:
+        raise VerifyError(
+            f"num_experts={experts!r}: the model has no MoE layers, AFD has nothing to split"
+        )
+    if not 1 <= top_k <= experts:
+        raise VerifyError(
+            f"num_experts_per_tok={top_k} is not allowed; allowed: 1 to num_experts={experts}"
+        )
+    step = config.get("decoder_sparse_step", 1)
+    if step < 1:
+        raise VerifyError(f"decoder_sparse_step={step} is not allowed; allowed: an integer >= 1")
+    layers = config["num_hidden_layers"]
+    outside = [i for i in config.get("mlp_only_layers") or [] if not 0 <= i < layers]
+    if outside:
+        raise VerifyError(
+            f"mlp_only_layers={config['mlp_only_layers']} names layers {outside} the model does not "
+            f"have; allowed: 0 to {layers - 1}"
+        )
+    if not any(is_moe_layer(config, i) for i in range(layers)):
+        raise VerifyError(
+            f"decoder_sparse_step={step} and mlp_only_layers={config.get('mlp_only_layers')} leave "
+            f"no MoE layer in {layers} layers: AFD has nothing to split"
+        )
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if head not in CPU_HEAD_SIZES:
+        raise VerifyError(
+            f"head_dim={head} is not a head size CPU attention supports "
+            f"({', '.join(map(str, CPU_HEAD_SIZES))}); use --shrink"
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise VerifyError(
+            f"hidden_act={config['hidden_act']!r} is not allowed (vLLM's Qwen3-MoE MLP); allowed: 'silu'"
+        )
+
+
+def transformers_accepts(config: dict[str, Any]) -> None:
+    """Refuse, in one line naming the field, a config transformers' own config class rejects."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        effective_config(config)
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
+        reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        if len(reason) > 300:  # an unknown model_type lists every one transformers knows
+            reason = reason[:300] + " ..."
+        raise VerifyError(f"transformers rejects the config: {reason}") from None
+
+
 def parameter_estimate(config: dict[str, Any]) -> int:
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     expert = 3 * hidden * config["moe_intermediate_size"]
     moe_layers = sum(is_moe_layer(config, i) for i in range(layers))
-    per_moe = expert * (config["n_routed_experts"] + (config.get("n_shared_experts") or 0))
+    per_moe = expert * ((routed_experts(config) or 0) + (config.get("n_shared_experts") or 0))
     dense = 3 * hidden * config["intermediate_size"] * (layers - moe_layers)
     return (
         2 * config["vocab_size"] * hidden
@@ -122,6 +198,8 @@ def parameter_estimate(config: dict[str, Any]) -> int:
 
 def shrink(config: dict[str, Any]) -> dict[str, Any]:
     """A small config with the same routing structure (see the module docstring)."""
+    if is_qwen3_moe(config):
+        return _shrink_qwen3_moe(config)
     small = dict(config)
     groups = config.get("n_group") or 1
     experts = max(groups * 2, min(config["n_routed_experts"], 16) // groups * groups)
@@ -142,6 +220,31 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
         small.update(qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, kv_lora_rank=64)
         if config.get("q_lora_rank") is not None:
             small["q_lora_rank"] = 96
+    small.pop("quantization_config", None)
+    return small
+
+
+def _shrink_qwen3_moe(config: dict[str, Any]) -> dict[str, Any]:
+    experts = max(2, min(config["num_experts"], 16))
+    step = config.get("decoder_sparse_step", 1)
+    layers = min(config["num_hidden_layers"], max(4, 2 * step))
+    grouped = config.get("num_key_value_heads", 4) < config["num_attention_heads"]
+    small = {
+        **config,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2 if grouped else 4,
+        "head_dim": 64,
+        "vocab_size": 512,
+        "num_experts": experts,
+        "num_experts_per_tok": min(config["num_experts_per_tok"], experts // 2),
+        "num_hidden_layers": layers,
+        "mlp_only_layers": [i for i in config.get("mlp_only_layers") or [] if i < layers],
+        "max_position_embeddings": 2048,
+        "rope_scaling": None,
+    }
     small.pop("quantization_config", None)
     return small
 
@@ -345,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 def _verify(args: argparse.Namespace) -> int:
     config = load_config(args.hf_config)
     if args.shrink:
+        check_fields(config)
         config = shrink(config)
     validate(config, mla_disabled=os.environ.get("VLLM_MLA_DISABLE", "0") not in ("", "0"))
     estimate = parameter_estimate(config)

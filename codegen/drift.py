@@ -27,20 +27,20 @@ import ast
 import copy
 import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import libcst as cst
 
-from codegen.checks.signatures import differences
+from codegen.checks.signatures import check_signature, differences
 from codegen.contracts import evaluate
 from codegen.edit import EditError, anchor_lines, apply_edits, parse_member
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member, UpstreamIndex, same_behaviour
 from codegen.lock import describe_symbol
-from codegen.markers import Contract, Edit
+from codegen.markers import Contract, Delta, Edit
 from codegen.model import ParamKind, Signature, SymbolRef
 from codegen.names import global_names
 from codegen.pattern import PatternError, parse_pattern
@@ -299,17 +299,25 @@ def _contract_ids(lock: dict[str, Any]) -> dict[str, set[str]]:
     return ids
 
 
+#: generated member (``module:Class.member``) -> the overlay's signature and the deltas declared
+#: for its base, on every release (each with its ``when=``)
+Declared = Mapping[str, tuple[Signature, tuple[Delta, ...]]]
+
+
 def symbol_findings(
     lock: dict[str, Any],
     old: Side,
     new: Side,
     renames: dict[str, Rename] | None = None,
     sites: dict[str, list[str]] | None = None,
+    declared: Declared | None = None,
 ) -> Iterator[Finding]:
     """Every recorded upstream symbol: removed, moved, renamed, signature and body changes.
 
     ``renames`` (from :func:`find_renames`) turn a removal into one "renamed" finding that
-    carries the forked call sites collected in ``sites`` by :func:`fork_findings`.
+    carries the forked call sites collected in ``sites`` by :func:`fork_findings`. ``declared``
+    (the overlay's signatures) makes a signature change the overlay already declares for the new
+    release info.
     """
     overrides = override_roles(lock)
     contracts = _contract_ids(lock)
@@ -325,7 +333,7 @@ def symbol_findings(
                 yield _renamed(rename, roles, users, old, (sites or {}).get(key, []))
             else:
                 yield from _one_symbol(
-                    ref, entry, roles, users, old, new, sorted(contracts.get(key, ()))
+                    ref, entry, roles, users, old, new, sorted(contracts.get(key, ())), declared
                 )
         except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
             yield Finding(
@@ -365,6 +373,7 @@ def _one_symbol(
     old: Side,
     new: Side,
     contract_ids: list[str],
+    declared: Declared | None = None,
 ) -> Iterator[Finding]:
     key = str(ref)
     if entry.get("kind") == "external":
@@ -409,7 +418,8 @@ def _one_symbol(
             new=current["kind"],
         )
         return
-    yield from _signature_changes(ref, roles, users, old, new, before, after)
+    handled = _declared_for(entry.get("used_by", []), new, ref, declared or {})
+    yield from _signature_changes(ref, roles, users, old, new, before, after, handled)
     if entry.get("kind") == "class" and entry.get("bases") != current.get("bases"):
         yield Finding(
             Kind.DRIFT_BASES,
@@ -495,6 +505,7 @@ def _signature_changes(
     new: Side,
     before: Location | None,
     after: Location | None,
+    handled: bool = False,
 ) -> Iterator[Finding]:
     old_sig, new_sig = _signature(old.index, ref), _signature(new.index, ref)
     if old_sig is None or new_sig is None:
@@ -514,17 +525,42 @@ def _signature_changes(
             and _binds_old_calls(old_sig, new_sig, diff.param)
         ):
             severity = Severity.INFO
+        declared = ""
+        if handled:
+            severity = Severity.INFO
+            declared = (
+                f"; the overlay's signature, with its deltas for {new.version}, already matches"
+            )
         what = f"{diff.kind.replace('_', ' ')}" + (f" {diff.param!r}" if diff.param else "")
         yield Finding(
             kind,
             severity,
             str(ref),
-            f"{what}: {diff.upstream!r} -> {diff.ours!r} (used by {users})",
+            f"{what}: {diff.upstream!r} -> {diff.ours!r} (used by {users}){declared}",
             upstream=before,
             target=after,
             old=diff.upstream,
             new=diff.ours,
         )
+
+
+def _declared_for(used_by: Sequence[str], new: Side, ref: SymbolRef, declared: Declared) -> bool:
+    """Whether every generated member using ``ref`` declares, with the deltas of the new
+    release (their ``when=``), exactly ``ref``'s new signature: the overlay handles the change."""
+    signature = _signature(new.index, ref)
+    if signature is None or not used_by or any(user not in declared for user in used_by):
+        return False
+    return not any(
+        check_signature(
+            user,
+            signature,
+            declared[user][0],
+            applicable(declared[user][1], new.index.versions),
+            ours_at=Location(user),
+            upstream_at=Location(str(ref)),
+        )
+        for user in used_by
+    )
 
 
 def _binds_old_calls(old: Signature, new: Signature, added: str | None) -> bool:
@@ -948,11 +984,13 @@ def compare(
     *,
     files: set[str] | None = None,
     own: frozenset[str] | None = None,
+    declared: Declared | None = None,
 ) -> list[Finding]:
     """Every lock-based drift finding between two upstream trees (symbols, forks, contracts).
 
     ``files``: only symbols defined in these upstream files (paths as the lock records them).
     ``own``: the global names AFD's own members use (:func:`_unused_on_new`).
+    ``declared``: the overlay's signatures (:func:`symbol_findings`).
     """
     if files is not None:
         lock = _restricted(lock, files)
@@ -963,7 +1001,7 @@ def compare(
     bodies.complete &= files is None  # a restricted lock rebases only some forks
     findings = [
         _unused_on_new(f, lock, bodies, own)
-        for f in symbol_findings(lock, old, new, renames, sites)
+        for f in symbol_findings(lock, old, new, renames, sites, declared)
     ]
     return findings + forks + list(contract_findings(lock, old, new))
 

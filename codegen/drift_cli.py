@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codegen.drift import Side, compare, native_architectures, registry_findings
+from codegen.drift import Declared, Side, compare, native_architectures, registry_findings
 from codegen.findings import EXIT_BLOCK, Finding, Kind, Severity, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
@@ -124,7 +124,9 @@ def run_drift(
         }
     if lock is not None:
         old, new = Side(old_version, old_index), Side(new_version, new_index)
-        findings.extend(compare(lock, edits, old, new, own=own_names(repo_root)))
+        findings.extend(
+            compare(lock, edits, old, new, own=own_names(repo_root), declared=declared(repo_root))
+        )
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
     origins = {
         "from": old_context.sources[package].origin,
@@ -154,6 +156,22 @@ def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
                     if member.edits:
                         edits[(key, member.name)] = member.edits
     return edits
+
+
+def declared(repo_root: Path) -> Declared:
+    """The overlay's signatures of forks and overrides, with every release's deltas for each base,
+    keyed by generated member (as the lock's ``used_by``)."""
+    signatures = {}
+    for path in overlay_files(repo_root):
+        overlay = load_overlay(repo_root, path)
+        for overlay_class in overlay.classes:
+            for base in overlay_class.bases:
+                key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
+                for member in overlay_class.members:
+                    if member.signature is not None:
+                        deltas = tuple(d for d in member.deltas if d.applies_to(str(base)))
+                        signatures[f"{key}.{member.name}"] = (member.signature, deltas)
+    return signatures
 
 
 def own_names(repo_root: Path) -> frozenset[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -334,6 +334,8 @@ def _build_member(
     symbol = f"{overlay.generated_module}:{class_name}.{decl.name}"
     ours_at = Location(str(overlay.path), decl.line)
     upstream = visible.get(decl.name)
+    # this release's deltas only: the signature check, the lock and the runtime check see these
+    decl = replace(decl, deltas=applicable(decl.deltas, index.versions))
     if decl.kind in (MemberKind.EXTEND, MemberKind.EXTEND_ATTR):
         if upstream is not None:
             findings.append(

@@ -234,20 +234,20 @@ def class_members_used(
 
 
 def calls_super(node: Any, name: str) -> bool:
-    """Whether an override calls ``super().<name>(...)``: upstream's body then still runs inside ours."""
+    """Whether an override calls ``super().<name>``, or hands it on as a bound method: upstream's
+    body then still runs inside ours."""
     import libcst as cst
 
     class _Finder(cst.CSTVisitor):
         found = False
 
-        def visit_Call(self, call: cst.Call) -> None:
-            func = call.func
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            value = attribute.value
             if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value == name
-                and isinstance(func.value, cst.Call)
-                and isinstance(func.value.func, cst.Name)
-                and func.value.func.value == "super"
+                attribute.attr.value == name
+                and isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Name)
+                and value.func.value == "super"
             ):
                 self.found = True
 

@@ -83,6 +83,8 @@ class Delta:
     why: str
     #: the base it applies to when the class has several (its name or ``module:Class``); None: all
     base: str | None = None
+    #: the upstream releases it applies to, as for an edit's ``when``; None: all
+    when: str | None = None
 
     def applies_to(self, base: str) -> bool:
         """Whether this delta is for ``base`` (``module:Class``)."""
@@ -156,9 +158,11 @@ def delta(
     ours: str | None = None,
     why: str,
     base: str | None = None,
+    when: str | None = None,
 ) -> Delta:
-    """Declare one exact signature difference from upstream (for one ``base``, or for all)."""
-    return Delta(kind, param, upstream, ours, why, base)
+    """Declare one exact signature difference from upstream (for one ``base``, or for all; on the
+    releases of ``when``, or on all)."""
+    return Delta(kind, param, upstream, ours, why, base, when)
 
 
 def contract(pattern: str, *, id: str, if_broken: str, count: int = 1) -> Contract:

@@ -401,6 +401,13 @@ class _Reader:
                     item.lineno,
                     f"{owner}.{item.name}: delta kind {d.kind!r} must be one of {markers.DELTA_KINDS}, with a why",
                 )
+            if d.when is not None:
+                try:
+                    parse_range(d.when)
+                except ValueError as exc:
+                    self.problem(
+                        item.lineno, f"{owner}.{item.name}: delta {d.kind} {d.param}: {exc}"
+                    )
         marker_texts = frozenset(ast.unparse(d) for d in item.decorator_list if self._marker_of(d))
         signature = Signature.from_ast(item, skip_decorators=marker_texts)
         return MemberDecl(

@@ -100,27 +100,39 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
 
 
 def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Finding]:
-    """Edits whose ``when=`` holds no supported release of its package: code nothing generates."""
+    """Edits and deltas whose ``when=`` holds no supported release of its package (deltas: or
+    names a package that is not pinned): declarations nothing generates."""
     findings = []
     for overlay in generation.overlays:
         for overlay_class in overlay.classes:
             for member in overlay_class.members:
-                for edit in member.edits:
-                    if edit.when is None:
+                limited = [(f"#{e.id}", "edit", e.when) for e in member.edits]
+                limited += [(f"#delta:{d.kind}:{d.param}", "delta", d.when) for d in member.deltas]
+                for label, what, when in limited:
+                    if when is None:
                         continue
-                    limit = parse_range(edit.when)
+                    limit = parse_range(when)
                     pin = pins.get(limit.package)
-                    if pin is not None and not any(limit.contains(v) for v in pin.supported):
-                        findings.append(
-                            Finding(
-                                Kind.OVERLAY_INVALID,
-                                Severity.BLOCK,
-                                f"{overlay.generated_module}:{overlay_class.name}.{member.name}#{edit.id}",
-                                f"when={edit.when!r} holds none of the supported releases "
-                                f"({', '.join(pin.supported)}); drop the edit or the range",
-                                Location(str(overlay.path), member.line),
-                            )
+                    if pin is None:
+                        if what == "edit":
+                            continue  # refused where the edits are applied (generate._fork)
+                        problem = f"names no pinned package; allowed: {', '.join(sorted(pins))}"
+                    elif not any(limit.contains(v) for v in pin.supported):
+                        problem = (
+                            f"holds none of the supported releases ({', '.join(pin.supported)}); "
+                            f"drop the {what} or the range"
                         )
+                    else:
+                        continue
+                    findings.append(
+                        Finding(
+                            Kind.OVERLAY_INVALID,
+                            Severity.BLOCK,
+                            f"{overlay.generated_module}:{overlay_class.name}.{member.name}{label}",
+                            f"when={when!r} {problem}",
+                            Location(str(overlay.path), member.line),
+                        )
+                    )
     return findings
 
 

@@ -1,1 +1,2 @@
-"""Hand-written AFD model logic the generated DeepSeek subclasses call: the role plan and the remote proxies."""
+"""What every model family's generated AFD classes share: the role plan, the remote proxies, role-aware
+weight loading and the FFN entry points (one overlay per family calls them; docs/maintainers.md)."""

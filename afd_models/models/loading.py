@@ -16,7 +16,7 @@ them) rarely hold them all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -99,3 +99,21 @@ def finish_loading(model: nn.Module, role: str, tensors_read: int, loaded: set[s
         tensors_read,
     )
     return exact
+
+
+def load_role_weights(
+    model: nn.Module,
+    load: Callable[[Iterable[tuple[str, torch.Tensor]]], set[str]],
+    weights: Iterable[tuple[str, torch.Tensor]],
+    role: str,
+) -> set[str]:
+    """Run vLLM's loader ``load`` (the causal LM's own ``load_weights``) on ``weights``, plus the
+    check it cannot make: every parameter of the role was filled.
+
+    Raises:
+        ValueError: the checkpoint lacks tensors this role needs; the message names them.
+    """
+    mark_unloaded(model)
+    read = [0]
+    loaded = load(counting(weights, read))
+    return finish_loading(model, role, read[0], loaded)

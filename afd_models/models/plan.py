@@ -1,6 +1,9 @@
-"""What one role builds of a DeepSeek model, read from the engine's AFD config.
+"""What one role builds of a model, read from the engine's AFD config.
 
-The generated subclasses ask this plan which modules to construct; the rules live here once:
+The generated subclasses of every family ask this plan which modules to construct; the rules
+live here once (DeepSeek shown; Qwen3-MoE's released configs have no shared experts, and its
+dense MLPs, built with ``attention_mlp_factory``, stay on Attention for either gate placement; its
+FFN role builds the gate only when the gate runs there):
 
 ================  =====================  ============================  ==========================
 module            Attention, gate on FFN  Attention, gate on Attention  FFN (either gate placement)
@@ -69,6 +72,11 @@ class ModelPlan:
         if self.is_attention:
             return remote_dense_mlp if self.dense_mlp_on_ffn else native
         return native if self.dense_mlp_on_ffn else _missing
+
+    def attention_mlp_factory(self, native: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        """The constructor of a dense MLP that runs on the Attention role whatever the gate
+        placement: native there, a missing layer on the FFN role."""
+        return native if self.is_attention else _missing
 
 
 def afd_plan(vllm_config: VllmConfig) -> ModelPlan:

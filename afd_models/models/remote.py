@@ -1,10 +1,10 @@
 """Parameter-free stand-ins for the parts of the model that run on the FFN role.
 
-On the Attention role the generated model puts a :class:`RemoteExperts` where vLLM's
-``FusedMoE`` experts would be, and a :class:`RemoteFFN` where a dense ``DeepseekV2MLP`` would be
-(when the gate, and with it the dense MLPs, runs on the FFN role).
-vLLM's native ``DeepseekV2MoE.forward`` and ``DeepseekV2DecoderLayer.forward`` run unchanged and
-call them like the modules they replace; they send the activations (and the router logits when
+On the Attention role the generated model of every family puts a :class:`RemoteExperts` where
+vLLM's ``FusedMoE`` experts would be, and (DeepSeek, when the gate, and with it the dense MLPs,
+runs on the FFN role) a :class:`RemoteFFN` where a dense ``DeepseekV2MLP`` would be.
+vLLM's native MoE block and decoder layer forwards (``DeepseekV2MoE``, ``Qwen3MoeSparseMoeBlock``
+...) run unchanged and call them like the modules they replace; they send the activations (and the router logits when
 the gate runs on Attention) through the connector and return what the FFN role computed.
 
 Their forward is one call of the ``afd::exchange`` custom op (:mod:`afd_models.ops`), which
@@ -72,7 +72,7 @@ class RemoteFFN(PPMissingLayer):
 
 
 class RemoteExperts(RemoteFFN):
-    """Shaped like vLLM's MoE runner at the ``self.experts`` boundary of ``DeepseekV2MoE``.
+    """Shaped like vLLM's MoE runner at the ``self.experts`` boundary of a MoE block.
 
     It reports an internal router, so vLLM's native MoE forward passes it the hidden states (vLLM
     0.26 picks that branch by ``is_internal_router``; 0.28's runner always routes internally).

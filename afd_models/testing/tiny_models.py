@@ -1,16 +1,16 @@
-"""Tiny random DeepSeek checkpoints (HF layout) with a locally trained tokenizer.
+"""Tiny random DeepSeek and Qwen3-MoE checkpoints (HF layout) with a locally trained tokenizer.
 
 Tests, the demo and benchmarks build their models here; nothing comes from a hub.
 
     python -m afd_models.testing.tiny_models OUT_DIR [--variant v2] [--seed 0] [--dtype bfloat16]
         [--margin-scale 1.0]
 
-Each variant is a small config that exercises one part of vLLM's DeepSeek code path. Tensor
-names follow the original DeepSeek checkpoints (per-expert ``experts.E.{gate,up,down}_proj``,
-``q_a_proj``/``kv_a_proj_with_mqa``/``kv_b_proj``, ``e_score_correction_bias``), so vLLM's real
-loader (stacked projections, expert mapping) runs on them. With MLA disabled
-(``VLLM_MLA_DISABLE=1``, required on CPU) the attention head size is
-``qk_nope_head_dim + qk_rope_head_dim`` and must be one CPU attention supports (64 here).
+Each variant is a small config that exercises one part of vLLM's DeepSeek or Qwen3-MoE code path.
+Tensor names follow the original checkpoints (per-expert ``experts.E.{gate,up,down}_proj``;
+DeepSeek's ``q_a_proj``/``kv_a_proj_with_mqa``/``kv_b_proj``, ``e_score_correction_bias``;
+Qwen3's ``q_norm``/``k_norm``), so vLLM's real loader (stacked projections, expert mapping) runs
+on them. With MLA disabled (``VLLM_MLA_DISABLE=1``, required on CPU) DeepSeek's attention head
+size is ``qk_nope_head_dim + qk_rope_head_dim`` and must be one CPU attention supports (64 here).
 """
 
 from __future__ import annotations
@@ -63,42 +63,98 @@ BASE_CONFIG: dict[str, Any] = {
     "use_cache": True,
 }
 
+#: The config the Qwen3-MoE variants start from: 3 layers, the first dense (``mlp_only_layers``),
+#: grouped-query attention with per-head q/k norms, renormalized top-k, no shared experts.
+QWEN3_MOE_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [0],
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 3,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+
 #: A variant value that removes the key from the config.
 ABSENT = object()
 
-#: Named variants: the changes each makes to BASE_CONFIG.
-VARIANTS: dict[str, dict[str, Any]] = {
+#: Named variants: the config each starts from and the changes it makes to it.
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # DeepSeek-V2: softmax greedy routing, one shared expert.
-    "v2": {},
+    "v2": (BASE_CONFIG, {}),
     # DeepSeek-V3: sigmoid scores with correction bias (noaux_tc), grouped top-k over 4 groups,
     # renormalized top-k weights and a routed scaling factor.
-    "v3": {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "n_group": 4,
-        "topk_group": 2,
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5,
-    },
+    "v3": (
+        BASE_CONFIG,
+        {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+        },
+    ),
     # V2-Lite style: no q LoRA, two dense layers first, `n_shared_experts` absent from the config
     # (the HF config class supplies its default), renormalized top-k, a routed scaling factor.
-    "v2-lite": {
-        "num_hidden_layers": 4,
-        "first_k_dense_replace": 2,
-        "n_shared_experts": ABSENT,
-        "q_lora_rank": None,
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 1.5,
-    },
+    "v2-lite": (
+        BASE_CONFIG,
+        {
+            "num_hidden_layers": 4,
+            "first_k_dense_replace": 2,
+            "n_shared_experts": ABSENT,
+            "q_lora_rank": None,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 1.5,
+        },
+    ),
     # Grouped greedy routing with two shared experts.
-    "v2-grouped": {
-        "topk_method": "group_limited_greedy",
-        "n_group": 2,
-        "topk_group": 1,
-        "n_shared_experts": 2,
-    },
+    "v2-grouped": (
+        BASE_CONFIG,
+        {
+            "topk_method": "group_limited_greedy",
+            "n_group": 2,
+            "topk_group": 1,
+            "n_shared_experts": 2,
+        },
+    ),
+    # Qwen3-MoE: one dense layer (mlp_only_layers), two MoE layers.
+    "qwen3-moe": (QWEN3_MOE_CONFIG, {}),
+    # Qwen3-MoE with every second layer dense (decoder_sparse_step), plain softmax top-3 weights.
+    "qwen3-moe-sparse": (
+        QWEN3_MOE_CONFIG,
+        {
+            "num_hidden_layers": 4,
+            "decoder_sparse_step": 2,
+            "mlp_only_layers": [],
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "norm_topk_prob": False,
+        },
+    ),
 }
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<unk>", "<pad>")
@@ -128,8 +184,8 @@ def tiny_config(variant: str = "v2", overrides: Mapping[str, Any] | None = None)
         raise ValueError(
             f"variant={variant!r} is not a tiny model variant; allowed: {sorted(VARIANTS)}"
         )
-    config = dict(BASE_CONFIG)
-    config.update(VARIANTS[variant])
+    base, changes = VARIANTS[variant]
+    config = {**base, **changes}
     config.update(overrides or {})
     return {key: value for key, value in config.items() if value is not ABSENT}
 
@@ -143,15 +199,37 @@ def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**resolved, **config}
 
 
+def is_qwen3_moe(config: Mapping[str, Any]) -> bool:
+    return config.get("model_type") == "qwen3_moe"
+
+
 def uses_mha(config: Mapping[str, Any]) -> bool:
-    """DeepSeek-V1 style multi-head attention (same rule as vLLM's DeepseekV2DecoderLayer)."""
-    return config.get("model_type") == "deepseek" or all(
-        config.get(k, 0) == 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim")
+    """Multi-head (not MLA) attention: Qwen3-MoE, DeepSeek-V1 style (same rule as vLLM's
+    DeepseekV2DecoderLayer)."""
+    return (
+        is_qwen3_moe(config)
+        or config.get("model_type") == "deepseek"
+        or all(config.get(k, 0) == 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim"))
     )
 
 
+def routed_experts(config: Mapping[str, Any]) -> int | None:
+    """The number of routed experts (``num_experts`` in Qwen3-MoE configs, which transformers
+    resolves as ``num_local_experts``)."""
+    if is_qwen3_moe(config):
+        return config.get("num_experts", config.get("num_local_experts"))
+    return config.get("n_routed_experts")
+
+
 def is_moe_layer(config: Mapping[str, Any], layer: int) -> bool:
-    """Whether vLLM builds layer ``layer`` as an MoE block (same rule as DeepseekV2DecoderLayer)."""
+    """Whether vLLM builds layer ``layer`` as an MoE block (same rules as vLLM's
+    Qwen3MoeDecoderLayer and DeepseekV2DecoderLayer)."""
+    if is_qwen3_moe(config):
+        return (
+            layer not in (config.get("mlp_only_layers") or [])
+            and (routed_experts(config) or 0) > 0
+            and (layer + 1) % config.get("decoder_sparse_step", 1) == 0
+        )
     return (
         config.get("n_routed_experts") is not None
         and layer >= config["first_k_dense_replace"]
@@ -196,12 +274,19 @@ def build_weights(
         weights[prefix + "post_attention_layernorm.weight"] = ones(hidden)
         attn = prefix + "self_attn."
         if uses_mha(config):
-            head_dim = hidden // heads
+            head_dim = config.get("head_dim") or hidden // heads
             kv_heads = config.get("num_key_value_heads", heads)
             weights[attn + "q_proj.weight"] = rand(heads * head_dim, hidden)
             weights[attn + "k_proj.weight"] = rand(kv_heads * head_dim, hidden)
             weights[attn + "v_proj.weight"] = rand(kv_heads * head_dim, hidden)
             weights[attn + "o_proj.weight"] = rand(hidden, heads * head_dim)
+            if is_qwen3_moe(config):
+                weights[attn + "q_norm.weight"] = ones(head_dim)
+                weights[attn + "k_norm.weight"] = ones(head_dim)
+                if config.get("attention_bias"):
+                    weights[attn + "q_proj.bias"] = rand(heads * head_dim)
+                    weights[attn + "k_proj.bias"] = rand(kv_heads * head_dim)
+                    weights[attn + "v_proj.bias"] = rand(kv_heads * head_dim)
         elif config.get("q_lora_rank") is None:
             weights[attn + "q_proj.weight"] = rand(heads * qk_head, hidden)
         else:
@@ -226,7 +311,7 @@ def build_weights(
             weights[mlp + "up_proj.weight"] = rand(inner, hidden)
             weights[mlp + "down_proj.weight"] = rand(hidden, inner)
             continue
-        experts, inner = config["n_routed_experts"], config["moe_intermediate_size"]
+        experts, inner = routed_experts(config), config["moe_intermediate_size"]
         weights[mlp + "gate.weight"] = (rand(experts, hidden).float() * margin_scale).to(
             torch_dtype
         )
@@ -327,7 +412,7 @@ def write_checkpoint(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m afd_models.testing.tiny_models",
-        description="Write a tiny random DeepSeek checkpoint (weights, config, local tokenizer).",
+        description="Write a tiny random DeepSeek or Qwen3-MoE checkpoint (weights, config, local tokenizer).",
     )
     parser.add_argument("out_dir", type=Path, help="directory to write; created if missing")
     parser.add_argument("--variant", default="v2", choices=sorted(VARIANTS))

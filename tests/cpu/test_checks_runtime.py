@@ -33,7 +33,7 @@ def test_plugin_registers_afd_names_only(vllm_env: dict[str, str]) -> None:
         load_general_plugins()
         models = ModelRegistry.models
         print(json.dumps({name: f"{m.module_name}:{m.class_name}" for name, m in models.items()
-                          if "Deepseek" in name and "VL" not in name and "OCR" not in name and "MTP" not in name
+                          if ("Deepseek" in name or name.endswith("Qwen3MoeForCausalLM")) and "VL" not in name and "OCR" not in name and "MTP" not in name
                           and "Eagle" not in name}))
         """,
         vllm_env,
@@ -49,6 +49,13 @@ def test_plugin_registers_afd_names_only(vllm_env: dict[str, str]) -> None:
     generated = "afd_models._generated.vllm.model_executor.models.deepseek_v2"
     assert table["AFDDeepseekV2ForCausalLM"] == f"{generated}:AFDDeepseekV2ForCausalLM"
     assert table["AFDDeepseekV32ForCausalLM"] == f"{generated}:AFDDeepseekV3ForCausalLM"
+    assert (
+        table["Qwen3MoeForCausalLM"] == "vllm.model_executor.models.qwen3_moe:Qwen3MoeForCausalLM"
+    )
+    assert (
+        table["AFDQwen3MoeForCausalLM"]
+        == "afd_models._generated.vllm.model_executor.models.qwen3_moe:AFDQwen3MoeForCausalLM"
+    )
 
 
 def test_conflicting_registration_is_refused(vllm_env: dict[str, str]) -> None:

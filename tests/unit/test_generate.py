@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import libcst as cst
 import pytest
 
 from codegen.generate import LOCK_PATH
+from codegen.lock import calls_super
 from codegen.pipeline import Context, generate, up_to_date, write_output
 from codegen.registry import GENERATED_ROOT
 
@@ -343,3 +345,72 @@ def test_bad_alternatives_are_refused_when_loading(
     generation, _ = generate(make_repo(tmp_path, HEADER + ALTERNATIVES.replace(*change)))
     messages = [f.message for f in generation.findings if f.code == "OVL001"]
     assert any(expected in m for m in messages), messages
+
+
+DELTA_BEFORE_028 = """
+
+@subclass()
+class AFDBase(Base):
+    @override(
+        deltas=(
+            delta(
+                "param_added",
+                "extra",
+                ours="extra: bool = False",
+                why="a later release added it",
+                when="vllm<0.28",
+            ),
+        )
+    )
+    def helper(self, a: int, *, b: int = 2, extra: bool = False) -> int:
+        return a
+"""
+
+
+def test_a_delta_explains_the_difference_on_its_releases_only(tmp_path: Path) -> None:
+    """A delta with ``when=`` applies on the releases of its range (and is in their lock only);
+    on another release the difference it explained is unexplained again (the fake upstream has
+    no ``extra`` on any release)."""
+    context = make_repo(tmp_path, HEADER + DELTA_BEFORE_028)
+    generation, _ = generate(at_release(context, "0.26.0"))
+    assert not generation.findings, [f.one_line() for f in generation.findings]
+    member = generation.lock["classes"]["afd_models._generated.vllm.layers:AFDBase"]["members"]
+    assert member["helper"]["deltas"] == ["param_added extra: None -> 'extra: bool = False'"]
+    generation, _ = generate(at_release(context, "0.28.0"))
+    assert [f.code for f in generation.findings] == ["SIG001"]
+    assert "extra" in generation.findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("when", "expected"),
+    [
+        (
+            "vllm>=0.40",
+            "when='vllm>=0.40' holds none of the supported releases (0.26.0); drop the delta",
+        ),
+        ("vllm=<0.28", "when='vllm=<0.28'"),
+        ("vlm<0.28", "when='vlm<0.28' names no pinned package; allowed: vllm"),
+    ],
+)
+def test_a_delta_range_must_be_valid_and_hold_a_release(
+    when: str, expected: str, tmp_path: Path
+) -> None:
+    overlay = DELTA_BEFORE_028.replace('when="vllm<0.28"', f'when="{when}"')
+    generation, _ = generate(make_repo(tmp_path, HEADER + overlay))
+    messages = [f.message for f in generation.findings if f.code == "OVL001"]
+    assert any(expected in m for m in messages), [f.one_line() for f in generation.findings]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("return super().load_weights(weights)", True),
+        # handed on as a bound method: upstream's loader still runs inside ours
+        ("return load_role_weights(self, super().load_weights, weights)", True),
+        ("return super().other(weights)", False),
+        ("return self.load_weights(weights)", False),
+    ],
+)
+def test_calls_super_counts_a_call_or_a_bound_super_method(body: str, expected: bool) -> None:
+    node = cst.parse_statement(f"def load_weights(self, weights):\n    {body}\n")
+    assert calls_super(node, "load_weights") is expected

@@ -17,7 +17,7 @@ def test_tiny_variants_are_valid(variant: str) -> None:
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        ({"architectures": ["LlamaForCausalLM"]}, "not a DeepSeek architecture"),
+        ({"architectures": ["LlamaForCausalLM"]}, "not an architecture with an AFD model"),
         ({"n_routed_experts": None}, "no MoE layers"),
         ({"index_topk": 2048}, "V3.2 sparse attention"),
         ({"qk_rope_head_dim": 40}, "head size"),
@@ -29,6 +29,101 @@ def test_bad_configs_are_refused(change: dict, fragment: str) -> None:
     config = {**tiny_config("v2"), **change}
     with pytest.raises(VerifyError, match=fragment):
         validate(config, mla_disabled=True)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"architectures": ["LlamaForCausalLM"]},
+            "architectures=['LlamaForCausalLM'] is not an architecture with an AFD model; allowed: one of "
+            "['DeepseekForCausalLM', 'DeepseekV2ForCausalLM', 'DeepseekV32ForCausalLM', "
+            "'DeepseekV3ForCausalLM', 'Qwen3MoeForCausalLM']",
+        ),
+        (
+            {"model_type": "qwen2_moe"},
+            "model_type='qwen2_moe' does not match architectures=['Qwen3MoeForCausalLM']; allowed: 'qwen3_moe'",
+        ),
+        (
+            {"num_experts": 0},
+            "num_experts=0: the model has no MoE layers, AFD has nothing to split",
+        ),
+        (
+            {"num_experts_per_tok": 9},
+            "num_experts_per_tok=9 is not allowed; allowed: 1 to num_experts=8",
+        ),
+        (
+            {"decoder_sparse_step": 0},
+            "decoder_sparse_step=0 is not allowed; allowed: an integer >= 1",
+        ),
+        (
+            {"mlp_only_layers": [0, 7]},
+            "mlp_only_layers=[0, 7] names layers [7] the model does not have; allowed: 0 to 2",
+        ),
+        (
+            {"mlp_only_layers": [0, 1, 2]},
+            "decoder_sparse_step=1 and mlp_only_layers=[0, 1, 2] leave no MoE layer in 3 layers: "
+            "AFD has nothing to split",
+        ),
+        ({"head_dim": 48}, "head_dim=48 is not a head size CPU attention supports"),
+        (
+            {"hidden_act": "gelu"},
+            "hidden_act='gelu' is not allowed (vLLM's Qwen3-MoE MLP); allowed: 'silu'",
+        ),
+        (
+            {"num_experts_per_tok": "two"},
+            "transformers rejects the config: Validation error for field 'num_experts_per_tok': TypeError:",
+        ),
+        (
+            {"mlp_only_layers": "0"},
+            "transformers rejects the config: Validation error for field 'mlp_only_layers': TypeError:",
+        ),
+    ],
+)
+def test_bad_qwen3_moe_configs_are_refused_in_one_line(change: dict, message: str) -> None:
+    with pytest.raises(VerifyError) as refused:
+        validate({**tiny_config("qwen3-moe"), **change}, mla_disabled=True)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_missing_qwen3_moe_fields_are_named() -> None:
+    config = tiny_config("qwen3-moe")
+    del config["num_experts"]
+    with pytest.raises(
+        VerifyError, match=r"lacks \['num_experts'\], which a Qwen3-MoE config needs"
+    ):
+        validate(config, mla_disabled=True)
+
+
+def test_shrink_keeps_qwen3_moe_structure() -> None:
+    """A Qwen3-MoE-235B-sized config shrinks to a CPU-sized one with the same routing structure."""
+    big = {
+        **tiny_config("qwen3-moe"),
+        "hidden_size": 4096,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 94,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "moe_intermediate_size": 1536,
+        "intermediate_size": 12288,
+        "vocab_size": 151936,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [0, 3, 90],
+        "norm_topk_prob": False,
+    }
+    assert parameter_estimate(big) > 1e9
+    small = shrink(big)
+    validate(small, mla_disabled=True)
+    assert parameter_estimate(small) < 1e8
+    assert (small["decoder_sparse_step"], small["norm_topk_prob"]) == (2, False)
+    assert (small["num_hidden_layers"], small["mlp_only_layers"]) == (4, [0, 3])
+    assert (small["num_experts"], small["num_experts_per_tok"], small["num_key_value_heads"]) == (
+        16,
+        8,
+        2,
+    )
 
 
 def test_missing_fields_are_named() -> None:

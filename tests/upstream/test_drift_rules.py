@@ -248,3 +248,42 @@ def test_a_callee_parameter_old_calls_still_bind_is_info(
         "    device: torch.device, num_ubatches: int | None = None, *, num_lanes: int\n", "req"
     )
     assert required.severity.value == "review"
+
+
+# --- a signature change the overlay already declares for the new release is info; another blocks --
+
+QWEN3_MOE = "vllm/model_executor/models/qwen3_moe.py"
+QWEN3_MOE_BLOCK = "vllm.model_executor.models.qwen3_moe:Qwen3MoeSparseMoeBlock.__init__"
+QWEN3_MOE_BLOCK_INIT = """class Qwen3MoeSparseMoeBlock(nn.Module):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+    ):
+"""
+
+
+def test_a_signature_change_the_overlay_does_not_declare_still_blocks(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    """The parameter 0.28 adds is declared for 0.28 (test_drift.py: info there); on this copy of
+    0.26.0 the overlay's 0.26 deltas declare it absent upstream, so adding it, or any other
+    parameter, is no change the overlay handles: both stay alarms on the forked constructor."""
+    for added in ("is_fused_checkpoint_transposed", "other_flag"):
+        findings = drift(
+            upstream_copy,
+            tmp_path / added,
+            {
+                QWEN3_MOE: once(
+                    QWEN3_MOE_BLOCK_INIT,
+                    QWEN3_MOE_BLOCK_INIT.replace(
+                        '        prefix: str = "",\n',
+                        f'        prefix: str = "",\n        {added}: bool = False,\n',
+                    ),
+                )
+            },
+        )
+        changed = [f for f in findings if f.symbol == QWEN3_MOE_BLOCK and f.code == "DRF010"]
+        assert changed and all(f.severity.value != "info" for f in changed), [
+            f.one_line() for f in findings if f.symbol == QWEN3_MOE_BLOCK
+        ]

@@ -23,7 +23,8 @@ from vllm.model_executor.models.deepseek_v2 import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer
 
-from afd_models.models.loading import counting, finish_loading, mark_unloaded
+from afd_models.models.ffn import ffn_layers, moe_output
+from afd_models.models.loading import load_role_weights
 from afd_models.models.plan import afd_plan  # noqa: F401 (edit code)
 from afd_models.models.remote import RemoteExperts  # noqa: F401 (edit code)
 from codegen.markers import (
@@ -154,13 +155,7 @@ class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
     ) -> torch.Tensor:
         """This layer's MoE output for received hidden states (and router logits)."""
-        if router_logits is None:
-            return self.forward(hidden_states)
-        num_tokens, hidden_dim = hidden_states.shape
-        output = self.experts(
-            hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits
-        )
-        return output.view(num_tokens, hidden_dim)
+        return moe_output(self, hidden_states, router_logits)
 
 
 @subclass(
@@ -386,19 +381,14 @@ class AFDDeepseekV2ForCausalLM(DeepseekV2ForCausalLM):
     @override
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """vLLM's loader, plus the check it cannot make: every parameter of the role was filled."""
-        mark_unloaded(self)
-        read = [0]
-        loaded = super().load_weights(counting(weights, read))
-        return finish_loading(self, self.afd_plan.config.role.value, read[0], loaded)
+        return load_role_weights(
+            self, super().load_weights, weights, self.afd_plan.config.role.value
+        )
 
     @extend
     def ffn_layer_indices(self) -> list[int]:
         """FFN role: the layers whose MLP or MoE this role computes, in forward order."""
-        return [
-            index
-            for index, layer in enumerate(self.model.layers)
-            if not isinstance(layer, PPMissingLayer) and not isinstance(layer.mlp, PPMissingLayer)
-        ]
+        return ffn_layers(self)
 
     @extend
     def compute_ffn_output(

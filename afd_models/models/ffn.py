@@ -1,0 +1,36 @@
+"""The FFN role's entry points, shared by every model family's generated classes.
+
+The FFN server asks the causal LM which layers it computes (:func:`ffn_layers`) and for one
+layer's output on received activations; a family's MoE block answers with :func:`moe_output`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm.model_executor.models.utils import PPMissingLayer
+
+
+def ffn_layers(model: nn.Module) -> list[int]:
+    """The layers of causal LM ``model`` whose MLP or MoE this role computes, in forward order."""
+    return [
+        index
+        for index, layer in enumerate(model.model.layers)
+        if not isinstance(layer, PPMissingLayer) and not isinstance(layer.mlp, PPMissingLayer)
+    ]
+
+
+def moe_output(
+    moe: nn.Module, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+) -> torch.Tensor:
+    """MoE block ``moe``'s output for received hidden states, routed by its own gate, or by the
+    received router logits when the gate runs on Attention (its experts then take an external
+    router)."""
+    if router_logits is None:
+        output: torch.Tensor = moe.forward(hidden_states)
+        return output
+    num_tokens, hidden_dim = hidden_states.shape
+    output = moe.experts(
+        hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits
+    )
+    return output.view(num_tokens, hidden_dim)
