@@ -23,6 +23,11 @@ def test_tiny_variants_are_valid(variant: str) -> None:
         ({"qk_rope_head_dim": 40}, "head size"),
         ({"n_group": 3}, "not a multiple of n_group"),
         ({"topk_group": 2}, "exceeds n_group"),
+        # transformers 5 refuses it; the one line names the field
+        (
+            {"n_shared_experts": None},
+            "^transformers rejects the config: Validation error for field 'n_shared_experts'",
+        ),
     ],
 )
 def test_bad_configs_are_refused(change: dict, fragment: str) -> None:
