@@ -50,7 +50,7 @@ def mark_unloaded(model: nn.Module) -> None:
             parameter.fill_(float("nan"))
 
 
-def counting(
+def _counting(
     weights: Iterable[tuple[str, torch.Tensor]], seen: list[int]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Pass checkpoint tensors through in one pass (vLLM streams them), counting them."""
@@ -115,5 +115,5 @@ def load_role_weights(
     """
     mark_unloaded(model)
     read = [0]
-    loaded = load(counting(weights, read))
+    loaded = load(_counting(weights, read))
     return finish_loading(model, role, read[0], loaded)
