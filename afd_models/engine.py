@@ -1,10 +1,10 @@
 """What an AFD worker checks and changes in its own copy of the engine config, before anything is built.
 
 * the AFD section must be valid and name this worker's role;
-* the model must be an architecture with an AFD model (DeepSeek, Qwen3-MoE); the worker asks vLLM for the AFD
-  architecture (``AFDDeepseekV2ForCausalLM``, ``AFDQwen3MoeForCausalLM`` ...) through ``VllmConfig.with_hf_config``, a public
-  vLLM API returning a new config, so the engine's own config and every non-AFD engine keep
-  vLLM's classes;
+* the model must be an architecture with an AFD model (DeepSeek, Qwen3-MoE); the worker asks
+  vLLM for the AFD architecture (``AFDDeepseekV2ForCausalLM``, ``AFDQwen3MoeForCausalLM`` ...)
+  through ``VllmConfig.with_hf_config``, a public vLLM API returning a new config, so the engine's
+  own config and every non-AFD engine keep vLLM's classes;
 * MLA cannot run on the CPU platform: say ``VLLM_MLA_DISABLE=1`` instead of failing deep inside;
 * the connector must move this platform's tensors (gloo CPU ones, NCCL CUDA ones);
 * engine flags the AFD runtime cannot serve are refused here, each naming its flag
