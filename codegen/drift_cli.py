@@ -20,7 +20,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +31,7 @@ from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import read_lock
 from codegen.markers import Edit
-from codegen.model import MemberKind
+from codegen.model import MemberDecl, MemberKind
 from codegen.names import global_names
 from codegen.overlay import load_overlay, overlay_files
 from codegen.releases import release_key
@@ -144,34 +144,38 @@ def run_drift(
     )
 
 
-def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
-    """Fork edits of the current overlay, keyed like the lock's classes (generated class, member)."""
-    edits = {}
+def _generated_members(repo_root: Path) -> Iterator[tuple[str, str, MemberDecl]]:
+    """Every member of the current overlay as generated: (generated class key, its base, member),
+    the class key as the lock spells it."""
     for path in overlay_files(repo_root):
         overlay = load_overlay(repo_root, path)
         for overlay_class in overlay.classes:
             for base in overlay_class.bases:
                 key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
                 for member in overlay_class.members:
-                    if member.edits:
-                        edits[(key, member.name)] = member.edits
-    return edits
+                    yield key, str(base), member
+
+
+def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
+    """Fork edits of the current overlay, keyed like the lock's classes (generated class, member)."""
+    return {
+        (key, member.name): member.edits
+        for key, _, member in _generated_members(repo_root)
+        if member.edits
+    }
 
 
 def declared(repo_root: Path) -> Declared:
     """The overlay's signatures of forks and overrides, with every release's deltas for each base,
     keyed by generated member (as the lock's ``used_by``)."""
-    signatures = {}
-    for path in overlay_files(repo_root):
-        overlay = load_overlay(repo_root, path)
-        for overlay_class in overlay.classes:
-            for base in overlay_class.bases:
-                key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
-                for member in overlay_class.members:
-                    if member.signature is not None:
-                        deltas = tuple(d for d in member.deltas if d.applies_to(str(base)))
-                        signatures[f"{key}.{member.name}"] = (member.signature, deltas)
-    return signatures
+    return {
+        f"{key}.{member.name}": (
+            member.signature,
+            tuple(d for d in member.deltas if d.applies_to(base)),
+        )
+        for key, base, member in _generated_members(repo_root)
+        if member.signature is not None
+    }
 
 
 def own_names(repo_root: Path) -> frozenset[str]:
