@@ -28,6 +28,8 @@ import cpu_env  # noqa: E402
 TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
 #: Tiers `nox -s tests` must run here; a skip of one of these is an error, not a pass.
 REQUIRED_TIERS = ("unit", "upstream", "cpu", "e2e_cpu")
+#: pytest's list of the slowest tests after each run: what the CI time budget is made of
+DURATIONS = "--durations=15"
 
 
 def _cpu_python(session: nox.Session, version: str | None = None) -> str:
@@ -75,6 +77,7 @@ def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
         "-m",
         "pytest",
         *(f"tests/{tier}" for tier in TEST_TIERS),
+        DURATIONS,
         *session.posargs,
         external=True,
         env={"AFD_REQUIRED_TIERS": ",".join(REQUIRED_TIERS)},
@@ -92,6 +95,7 @@ def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
                 *(f"tests/{tier}" for tier in RELEASE_TIERS),
                 "-m",
                 "not primary_release",
+                DURATIONS,
                 *session.posargs,
                 external=True,
                 env={"AFD_REQUIRED_TIERS": ",".join(RELEASE_TIERS)},

@@ -1,11 +1,10 @@
-"""AFD for DeepSeek MoE on vLLM 0.26: the runtime package.
+"""AFD for MoE models on vLLM: the runtime package.
 
-Importing it only checks that the generated code (``afd_models/_generated``, written by
-``nox -s regenerate``) is present and fresh; it imports nothing heavy. vLLM selects the pieces by
-dotted paths: ``--worker-cls afd_models.workers.AFDAttentionCPUWorker`` and the model classes the
-``vllm.general_plugins`` entry point (:func:`afd_models.plugin.register`) registers.
+Importing it imports nothing heavy and checks nothing, so the ``vllm.general_plugins`` entry point
+(:func:`afd_models.plugin.register`, which registers the AFD architectures by name) cannot break a
+vLLM run that does not use AFD. vLLM selects the pieces by dotted paths: ``--worker-cls
+afd_models.workers.AFDAttentionCPUWorker`` and the registered model classes. The generated code
+(``afd_models/_generated``, written by ``nox -s regenerate`` or the wheel build) checks that it is
+present and fresh when first imported, so an AFD worker of a stale checkout fails at start with
+the command that fixes it.
 """
-
-from afd_models._freshness import check_generated_code
-
-check_generated_code()

@@ -1,9 +1,10 @@
-"""The import-time check that ``afd_models/_generated`` exists and matches its inputs.
+"""The check that ``afd_models/_generated`` exists and matches its inputs, run before any
+generated code (by the AFD workers and the generated registry; never by the vLLM plugin).
 
 Cheap by design (no vLLM import, a few file hashes): it compares the generated files with the
-digests their registry recorded and, in a source checkout, the overlay files and lock with what
-the code was generated from. Any mismatch is one :class:`GeneratedCodeError` naming the command
-that fixes it.
+digests their registry recorded and with the lock of their generation: in a source checkout, the
+overlay files and ``overlay/`` lock; in an installed wheel, the lock the wheel carries. Any
+mismatch is one :class:`GeneratedCodeError` naming the command that fixes it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from codegen.registry import registry_data
 
@@ -19,7 +20,14 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 GENERATED_DIR = PACKAGE_DIR / "_generated"
 #: the source checkout, or site-packages for an installed wheel
 CHECKOUT_ROOT = PACKAGE_DIR.parent
-FIX = "run `nox -s regenerate` (or `python -m codegen regenerate`) in the source checkout"
+OVERLAY_DIR = CHECKOUT_ROOT / "overlay"
+#: a source checkout has its overlay next to the package; an installed wheel has none
+FIX = (
+    "run `nox -s regenerate` (or `python -m codegen regenerate`) in the source checkout"
+    if OVERLAY_DIR.is_dir()
+    else "reinstall vllm-afd-overlay from a wheel built for the installed vLLM "
+    "(`pip wheel . -C vllm=<release>` in the source checkout; docs/user-guide.md)"
+)
 
 
 class GeneratedCodeError(ImportError):
@@ -84,25 +92,31 @@ def check_generated_code() -> None:
         path = CHECKOUT_ROOT / relative
         if not path.exists() or _sha256(path) != digest:
             raise GeneratedCodeError(f"{relative} is missing or was edited after generation: {FIX}")
-    overlay_dir = CHECKOUT_ROOT / "overlay"
-    if not overlay_dir.is_dir():
-        return  # an installed wheel: no overlay to compare with
+    lock_path = PurePosixPath(str(registry.get("LOCK", "overlay/overlay.lock")))
+    if OVERLAY_DIR.is_dir():
+        _check_overlays(overlays)
+        lock = CHECKOUT_ROOT / lock_path
+    else:
+        lock = GENERATED_DIR / lock_path.name  # an installed wheel carries its lock here
+    if lock.exists():
+        generated = json.loads(lock.read_text()).get("generated", {})
+        registry_file = (GENERATED_DIR / "__init__.py").relative_to(CHECKOUT_ROOT).as_posix()
+        if generated.get(registry_file) != _sha256(GENERATED_DIR / "__init__.py"):
+            raise GeneratedCodeError(f"{lock_path} describes other generated code: {FIX}")
+
+
+def _check_overlays(overlays: dict[str, str]) -> None:
+    """The checkout's overlay files are the ones the code was generated from."""
     for relative, digest in overlays.items():
         path = CHECKOUT_ROOT / relative
         if not path.exists() or _sha256(path) != digest:
             raise GeneratedCodeError(f"{relative} changed since the code was generated: {FIX}")
     current = {
         p.relative_to(CHECKOUT_ROOT).as_posix()
-        for p in overlay_dir.rglob("*.py")
+        for p in OVERLAY_DIR.rglob("*.py")
         if p.name != "__init__.py"
     }
     if current != set(overlays):
         raise GeneratedCodeError(
             f"overlay files were added or removed since the code was generated: {FIX}"
         )
-    lock = CHECKOUT_ROOT / str(registry.get("LOCK", "overlay/overlay.lock"))
-    if lock.exists():
-        generated = json.loads(lock.read_text()).get("generated", {})
-        registry_file = (GENERATED_DIR / "__init__.py").relative_to(CHECKOUT_ROOT).as_posix()
-        if generated.get(registry_file) != _sha256(GENERATED_DIR / "__init__.py"):
-            raise GeneratedCodeError(f"overlay/overlay.lock describes other generated code: {FIX}")

@@ -17,7 +17,7 @@ import enum
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from afd_models.topology import MAX_PORT, TopologyError, check_ports, check_topology
@@ -133,6 +133,9 @@ class AFDConfig:
     #: address the connector's rendezvous listens on (FFN rank k hosts group k's): an IP
     #: literal or an RFC 1123 host name
     host: str = "127.0.0.1"
+    #: one address per FFN rank, for FFN ranks on different nodes: FFN rank k hosts group k's
+    #: rendezvous on ffn_hosts[k] (instead of ``host``); empty: every group on ``host``
+    ffn_hosts: tuple[str, ...] = ()
     #: rendezvous port of FFN rank 0; FFN rank k's TP rank t uses port + k * TP + t, so
     #: port + num_ffn_ranks * TP - 1 <= 65535 (afd_models.topology.group_port)
     port: int = 29650
@@ -170,6 +173,10 @@ class AFDConfig:
     @property
     def num_role_ranks(self) -> int:
         return self.num_attention_ranks if self.is_attention else self.num_ffn_ranks
+
+    def group_host(self, ffn_rank: int) -> str:
+        """The address FFN rank ``ffn_rank`` hosts its group's rendezvous on."""
+        return self.ffn_hosts[ffn_rank] if self.ffn_hosts else self.host
 
 
 def _where(key: str) -> str:
@@ -221,6 +228,15 @@ def _host(key: str, value: object) -> str:
         f"{_where(key)}={value!r} is not allowed; allowed: an IPv4 or IPv6 address "
         "(127.0.0.1, ::1) or an RFC 1123 host name (localhost, ffn-0.cluster.local)"
     )
+
+
+def _hosts(key: str, value: object, count: int) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or len(value) != count:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} with {_where('num_ffn_ranks')}={count} is not allowed; "
+            f"allowed: a list of {count} address(es), FFN rank k's at index k"
+        )
+    return tuple(_host(f"{key}[{k}]", host) for k, host in enumerate(value))
 
 
 def _seconds(key: str, value: object) -> float:
@@ -292,6 +308,7 @@ _FIELDS = (
     "role",
     "connector",
     "host",
+    "ffn_hosts",
     "port",
     "num_attention_ranks",
     "num_ffn_ranks",
@@ -392,6 +409,15 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
         dbo=_boolean("dbo", section.get("dbo", False)),
         connector_extra_config=_extra(connector, section.get("connector_extra_config", {})),
     )
+    if "ffn_hosts" in section:
+        if "host" in section:
+            raise AFDConfigError(
+                f"{_where('host')} with {_where('ffn_hosts')} is not allowed: both say where the "
+                "rendezvous listens; allowed: one of them (ffn_hosts for FFN ranks on several nodes)"
+            )
+        config = replace(
+            config, ffn_hosts=_hosts("ffn_hosts", section["ffn_hosts"], config.num_ffn_ranks)
+        )
     if config.dbo and role is Role.FFN:
         raise AFDConfigError(
             f"{_where('dbo')}=true with {_where('role')}='ffn' is not allowed: the Attention role "

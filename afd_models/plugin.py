@@ -2,7 +2,9 @@
 
 vLLM calls :func:`register` in every process it starts. Native architecture names keep resolving
 to vLLM's own classes; the AFD workers ask for the ``AFD``-prefixed names below. Registration is
-by ``"module:Class"`` string, so nothing is imported until a worker builds the model.
+by ``"module:Class"`` string, so nothing is imported until a worker builds the model. This module
+imports nothing generated and checks nothing: a checkout whose generated code is missing or stale
+never breaks, or logs into, a vLLM run that does not use AFD. The AFD workers check it at start.
 """
 
 from __future__ import annotations
@@ -48,8 +50,6 @@ def register() -> None:
             (vLLM would silently let the later registration win).
     """
     from vllm import ModelRegistry
-
-    import afd_models  # noqa: F401  (fails loudly if the generated code is missing or stale)
 
     existing = ModelRegistry.models
     for name, path in registrations().items():

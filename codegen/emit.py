@@ -171,7 +171,13 @@ def render_registry(
     )
     overlays = {o.path.as_posix(): o.sha256 for o in generation.overlays}
     text = f'''{banner("overlay/", versions)}
-"""Registry of the generated classes, and the digests `afd_models` checks at import time."""
+"""Registry of the generated classes, and the digests checked before any generated code runs."""
+
+# Importing anything generated checks this generation first; a stale one fails here, naming the
+# fix. (The vLLM plugin registers names only and imports nothing from this package.)
+from afd_models._freshness import check_generated_code
+
+check_generated_code()
 
 #: upstream packages and the versions the code was generated against
 UPSTREAM = {dict(sorted(versions.items()))!r}

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -165,12 +166,17 @@ def download(release: ReleaseFile, directory: Path | None = None, *, quiet: bool
             total = int(response.headers.get("Content-Length") or 0)
             done = 0
             next_report = 0.0
+            started = time.monotonic()
             for block in iter(lambda: response.read(1 << 20), b""):
                 out.write(block)
                 digest.update(block)
                 done += len(block)
                 if not quiet and total and done / total >= next_report:
-                    print(f"[fetch]   {done >> 20} / {total >> 20} MiB", file=sys.stderr)
+                    print(
+                        f"[fetch]   {done >> 20} / {total >> 20} MiB, "
+                        f"{time.monotonic() - started:.0f} s",
+                        file=sys.stderr,
+                    )
                     next_report += 0.25
         if digest.hexdigest() != release.sha256:
             raise FetchError(

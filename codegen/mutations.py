@@ -169,7 +169,7 @@ def _body_code(roles: set[str]) -> str:
 def _in_vllm(symbol: dict[str, Any]) -> bool:
     """Whether a symbol the lock records lives in vLLM's source, the tree mutations change (what
     the lock records of the other pinned packages, vLLM-Ascend's, is left out)."""
-    return symbol.get("file", "").startswith("vllm/")
+    return str(symbol.get("file", "")).startswith("vllm/")
 
 
 def _signature_code(roles: set[str], code: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 #: environment of every vLLM process the tests start (the KV-cache size applies on CPU only).
 #: These engines run eagerly (``enforce_eager=True``); with Dynamo off, vLLM's lazily compiled
@@ -22,12 +23,19 @@ VLLM_ENV = {
 
 
 def run_python(
-    code: str, env: dict[str, str], timeout: float = 300
+    code: str,
+    env: dict[str, str],
+    timeout: float = 300,
+    *,
+    python: str = sys.executable,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a Python snippet in a fresh interpreter; the result's stdout is the snippet's output."""
+    """Run a Python snippet in a fresh interpreter; the result's stdout is the snippet's output.
+    ``python -c`` puts ``cwd`` first on the import path."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [python, "-c", textwrap.dedent(code)],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

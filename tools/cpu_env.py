@@ -70,8 +70,17 @@ class EnvError(RuntimeError):
     """The requested env cannot be described (an unsupported release, a release without pins)."""
 
 
+#: when this process began, for the elapsed time on every line
+_STARTED = time.monotonic()
+
+
 def log(message: str) -> None:
-    print(f"[cpu-env {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    elapsed = time.monotonic() - _STARTED
+    print(
+        f"[cpu-env {time.strftime('%H:%M:%S')} +{elapsed:.0f} s] {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def supported_versions() -> tuple[str, ...]:

@@ -1123,7 +1123,9 @@ def probe_main(out: Path) -> int:
     except Exception as exc:
         info["vllm_error"] = f"{type(exc).__name__}: {exc}"
     try:
-        import afd_models  # noqa: F401  (checks the generated code is present and fresh)
+        from afd_models._freshness import check_generated_code
+
+        check_generated_code()
     except Exception as exc:
         info["afd_models_error"] = f"{type(exc).__name__}: {exc}"
     _write_result(out, info)
@@ -1208,7 +1210,7 @@ def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
         )
     if "afd_models_error" in info:
         raise UsageError(
-            f"`import afd_models` fails: {info['afd_models_error']} (afd_models/_generated is a "
+            f"the generated code is not usable: {info['afd_models_error']} (afd_models/_generated is a "
             "build artifact: carry it with the working tree, or run `nox -s regenerate`)"
         )
     devices = tuple(info["devices"])

@@ -205,7 +205,7 @@ def host_info(info: Mapping[str, Any], visible_devices: str | None) -> HostInfo:
             raise UsageError(f"{name} {found} found, this checks {name} {wanted}")
     if "afd_models_error" in info:
         raise UsageError(
-            f"`import afd_models` fails: {info['afd_models_error']} (afd_models/_generated is a "
+            f"the generated code is not usable: {info['afd_models_error']} (afd_models/_generated is a "
             "build artifact: run `python -m codegen regenerate` in this environment)"
         )
     if "worker_error" in info:
@@ -507,9 +507,11 @@ def probe_main(out: Path) -> int:
         "vllm_ascend": importlib.metadata.version("vllm_ascend"),
     }
     try:
-        # first: with AFD's platform selected, vLLM imports afd_models while it picks the
-        # platform, and stale generated code should be reported as such
-        import afd_models
+        # first: with AFD's platform selected, vLLM imports the generated platform while it picks
+        # the platform, and stale generated code should be reported as such
+        from afd_models._freshness import check_generated_code
+
+        check_generated_code()
     except ImportError as exc:
         info["afd_models_error"] = f"{type(exc).__name__}: {exc}"
         gpu_check._write_result(out, info)

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from afd_models.metrics import PeerMetrics, tensor_bytes
 from afd_models.topology import Group
 
 #: dtypes a step may carry, by wire code
@@ -298,11 +299,15 @@ class ExchangeStats:
         self._started[exchange] = time.perf_counter()
         self.bytes_sent += nbytes
 
-    def finished(self, exchange: tuple[int, int]) -> None:
+    def finished(self, exchange: tuple[int, int]) -> float | None:
+        """Seconds the exchange took (None for one that was not started)."""
         began = self._started.pop(exchange, None)
-        if began is not None:
-            self.exchanges += 1
-            self.total_s += time.perf_counter() - began
+        if began is None:
+            return None
+        seconds = time.perf_counter() - began
+        self.exchanges += 1
+        self.total_s += seconds
+        return seconds
 
     def as_dict(self) -> dict[str, float]:
         mean = self.total_s / self.exchanges if self.exchanges else 0.0
@@ -320,6 +325,8 @@ class AFDConnector(ABC):
     def __init__(self) -> None:
         self.layers: tuple[int, ...] = ()
         self.stats = ExchangeStats()
+        #: the Prometheus series of the connection, once a peer is connected (none in process)
+        self.metrics: PeerMetrics | None = None
         #: position in ``layers`` of each micro-batch's next send
         self._next = [0]
         #: the split :meth:`split_next_step` planned for the next step
@@ -413,6 +420,8 @@ class AFDConnector(ABC):
         if not self.is_capturing:
             nbytes = hidden_states.numel() * hidden_states.element_size()
             self.stats.started((ubatch, layer_idx), nbytes)
+            if self.metrics is not None:
+                self.metrics.sent(tensor_bytes(hidden_states, router_logits))
         self._send_layer(layer_idx, hidden_states, router_logits, ubatch)
 
     def recv(self, layer_idx: int, like: torch.Tensor, ubatch: int = 0) -> torch.Tensor:
@@ -420,12 +429,17 @@ class AFDConnector(ABC):
         ``like``."""
         output = self._recv_layer(layer_idx, like, ubatch)
         if not self.is_capturing:
-            self.stats.finished((ubatch, layer_idx))
+            seconds = self.stats.finished((ubatch, layer_idx))
+            if self.metrics is not None and seconds is not None:
+                self.metrics.exchanged(layer_idx, seconds)
+                self.metrics.received(tensor_bytes(output))
         return output
 
     def _open_step(self, header: StepHeader) -> None:
         self._step += 1
         self.stats.steps += 1
+        if self.metrics is not None:
+            self.metrics.step(header.num_tokens)
         self._send_header(dataclasses.replace(header, step=self._step))
 
     @contextlib.contextmanager

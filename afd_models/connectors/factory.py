@@ -150,6 +150,7 @@ def prepare_attention(
         )
     except TopologyError as exc:
         raise AFDConfigError(str(exc)) from exc
+    host = afd.group_host(group.ffn_rank)
 
     extra = afd.connector_extra_config
     # off an NPU this fails here, before any weight is read
@@ -162,7 +163,7 @@ def prepare_attention(
             from afd_models.connectors.cam import CAMP2PAFDConnector
 
             return CAMP2PAFDConnector(
-                afd.host,
+                host,
                 group,
                 rank,
                 extra,
@@ -175,11 +176,11 @@ def prepare_attention(
             from afd_models.connectors.nccl import NcclAttentionConnector
 
             return NcclAttentionConnector(
-                afd.host, group, rank, extra, presented, device=device, on_peer_gone=exit_process
+                host, group, rank, extra, presented, device=device, on_peer_gone=exit_process
             )
         from afd_models.connectors.gloo import GlooAttentionConnector
 
-        return GlooAttentionConnector(afd.host, group, rank, extra, presented)
+        return GlooAttentionConnector(host, group, rank, extra, presented)
 
     return connect
 
@@ -200,6 +201,7 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
     group = group_of_ffn(
         rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
     )
+    host = afd.group_host(group.ffn_rank)
     extra = afd.connector_extra_config
     cam_ops = load_cam_p2p_ops(extra.core_num) if afd.connector == "CAMP2PAFDConnector" else None
 
@@ -208,13 +210,13 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
         if afd.connector == "CAMP2PAFDConnector":
             from afd_models.connectors.cam import CAMP2PFFNConnector
 
-            return CAMP2PFFNConnector(afd.host, group, extra, presented, device=device, ops=cam_ops)
+            return CAMP2PFFNConnector(host, group, extra, presented, device=device, ops=cam_ops)
         if afd.connector == "NcclAFDConnector":
             from afd_models.connectors.nccl import NcclFFNConnector
 
-            return NcclFFNConnector(afd.host, group, extra, presented, device=device)
+            return NcclFFNConnector(host, group, extra, presented, device=device)
         from afd_models.connectors.gloo import GlooFFNConnector
 
-        return GlooFFNConnector(afd.host, group, extra, presented)
+        return GlooFFNConnector(host, group, extra, presented)
 
     return connect

@@ -65,6 +65,7 @@ from afd_models.connectors.base import (
     peers_with,
 )
 from afd_models.log import get_logger
+from afd_models.metrics import PeerMetrics, tensor_bytes
 from afd_models.topology import Group
 
 logger = get_logger(__name__)
@@ -76,6 +77,10 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 #: store key under which the FFN worker publishes the port of its step-header listener
 STEPS_KEY = "step-channel-port"
+#: seconds between two "still waiting" lines while a rendezvous waits for the other role
+PROGRESS_EVERY_S = 30.0
+#: seconds between two probes of the FFN worker's store while the Attention side waits for it
+PROBE_EVERY_S = 0.5
 _RANK = struct.Struct("!q")
 #: an FFN worker's answer on a step channel during the handshake: a kind, then a UTF-8 text
 _ANSWER = struct.Struct("!cI")
@@ -193,8 +198,10 @@ class _Rendezvous:
         extra: P2PExtraConfig,
         role: str,
         plane: DataPlane,
+        progress_every_s: float,
     ):
         self.host = host
+        self.progress_every_s = progress_every_s
         self.where = f"{host}:{group.port}"
         self.group = group
         self.group_rank = group_rank
@@ -215,18 +222,64 @@ class _Rendezvous:
             extra.connect_timeout_s,
             group.size - 1,
         )
+        self.store: TCPStore | None = self._open_store()
+
+    def _open_store(self) -> TCPStore:
+        """Host the group's store (FFN), or connect to it (Attention) within the connect timeout;
+        either way its operations then wait up to the connect timeout."""
+        hosting = self.group_rank == 0
+        timeout_s = self.connect_timeout_s
+        if not hosting:
+            self._wait_for_host()
+            # what is left of the connect timeout, at least a second to finish connecting
+            timeout_s = max(self.started + self.connect_timeout_s - time.monotonic(), 1.0)
         # Nobody waits for a worker count here: the engines agree on the group size only once
         # the handshake has compared their fingerprints.
         try:
-            self.store: TCPStore | None = TCPStore(
-                host,
-                group.port,
-                is_master=group_rank == 0,
-                timeout=timedelta(seconds=extra.connect_timeout_s),
+            store = TCPStore(
+                self.host,
+                self.group.port,
+                is_master=hosting,
+                timeout=timedelta(seconds=timeout_s),
                 wait_for_workers=False,
             )
         except (RuntimeError, OSError) as exc:
             raise self._no_group(exc) from None
+        store.set_timeout(timedelta(seconds=self.connect_timeout_s))
+        return store
+
+    def _wait_for_host(self) -> None:
+        """Attention side: wait until the FFN worker's store accepts connections (it hosts the
+        store once its model is loaded), saying every ``progress_every_s`` whom it waits for.
+        Plain probes: a ``TCPStore`` client that gives up logs a C++ stack trace.
+
+        Raises:
+            AFDConnectionError: nothing accepted within the connect timeout.
+        """
+        deadline = self.started + self.connect_timeout_s
+        report = self.started + self.progress_every_s
+        while True:
+            try:
+                with socket.create_connection(
+                    (self.host, self.group.port), max(deadline - time.monotonic(), 0.01)
+                ):
+                    return
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise self._no_group(exc) from None
+            if time.monotonic() >= report:
+                report += self.progress_every_s
+                logger.info(
+                    "%s: still waiting for FFN rank %d to host group %d at %s (it does once its "
+                    "model is loaded), %.0f s of %.0f s",
+                    self.prefix,
+                    self.group.ffn_rank,
+                    self.group.ffn_rank,
+                    self.where,
+                    time.monotonic() - self.started,
+                    self.connect_timeout_s,
+                )
+            time.sleep(max(min(PROBE_EVERY_S, deadline - time.monotonic()), 0.0))
 
     def _no_group(self, exc: BaseException) -> AFDConnectionError:
         return AFDConnectionError(
@@ -290,6 +343,9 @@ class P2PAttentionConnector(AFDConnector):
     fingerprint, which only a bare FFN connector accepts (benchmarks, tests).
     """
 
+    #: seconds between two "still waiting" lines while connecting (PROGRESS_EVERY_S)
+    progress_every_s = PROGRESS_EVERY_S
+
     def __init__(
         self,
         host: str,
@@ -310,7 +366,13 @@ class P2PAttentionConnector(AFDConnector):
         self._watchdog: _PeerWatchdog | None = None
         self.fingerprint = fingerprint or Fingerprint.bare(attention_rank)
         self._group = _Rendezvous(
-            host, group, group.group_rank_of_attention(attention_rank), extra, "attention", plane
+            host,
+            group,
+            group.group_rank_of_attention(attention_rank),
+            extra,
+            "attention",
+            plane,
+            self.progress_every_s,
         )
         self._prefix = self._group.prefix
         try:
@@ -321,6 +383,8 @@ class P2PAttentionConnector(AFDConnector):
         except BaseException:
             self.close()
             raise
+        self.metrics = PeerMetrics("attention", attention_rank, f"ffn{group.ffn_rank}")
+        self.metrics.connected(True)
 
     def _connect_step_channel(self, extra: P2PExtraConfig) -> socket.socket:
         """Open the step channel and pass the handshake; the channel is closed if either fails."""
@@ -347,6 +411,15 @@ class P2PAttentionConnector(AFDConnector):
                     "fingerprint, expected accepted or refused"
                 )
             # accepted: wait for the other peers of the group, as long as connecting may take
+            others = [r for r in self._group.group.attention_ranks if r != rank]
+            if others:
+                logger.info(
+                    "%s: accepted by the FFN worker at %s; waiting for the group's other "
+                    "attention ranks %s (the FFN worker reports them)",
+                    self._prefix,
+                    where,
+                    others,
+                )
             channel.settimeout(extra.connect_timeout_s)
             kind, text = self._answer(
                 channel, where, f"(every peer of the group) within {extra.connect_timeout_s:.0f} s"
@@ -446,6 +519,8 @@ class P2PAttentionConnector(AFDConnector):
         if self._steps is not None:
             self._steps.close()
         self._group.close()
+        if self.metrics is not None:
+            self.metrics.connected(False)
 
 
 class _PeerWatchdog:
@@ -496,6 +571,9 @@ class P2PFFNConnector(FFNConnector):
     rank (a bare one when not given, as :class:`P2PAttentionConnector` presents).
     """
 
+    #: seconds between two "still waiting" lines while connecting (PROGRESS_EVERY_S)
+    progress_every_s = PROGRESS_EVERY_S
+
     def __init__(
         self,
         host: str,
@@ -515,7 +593,9 @@ class P2PFFNConnector(FFNConnector):
         #: positions of the peers whose next layer rides behind their header (its first layer)
         self._on_channel: set[int] = set()
         self._channels: list[socket.socket] = []
-        self._group = _Rendezvous(host, group, 0, extra, "ffn", plane)
+        #: the Prometheus series of each peer, in peer order, once all of them are connected
+        self.metrics: list[PeerMetrics] = []
+        self._group = _Rendezvous(host, group, 0, extra, "ffn", plane, self.progress_every_s)
         self._prefix = self._group.prefix
         self._connector = f"AFD {plane.name} connector at {self._group.where}"
         try:
@@ -530,22 +610,38 @@ class P2PFFNConnector(FFNConnector):
         except BaseException:
             self.close()
             raise
+        self.metrics = [
+            PeerMetrics("ffn", group.ffn_rank, f"attention{r}") for r in group.attention_ranks
+        ]
+        for metrics in self.metrics:
+            metrics.connected(True)
 
     def _accept_step_channels(self, host: str, extra: P2PExtraConfig) -> list[socket.socket]:
         """One TCP connection per Attention peer, in peer order, each past the handshake; on
         failure every channel is closed, and the peers accepted so far are told why."""
         channels: dict[int, socket.socket] = {}
+        deadline = time.monotonic() + extra.connect_timeout_s
         try:
             with socket.create_server((host, 0)) as listener:
                 self._group.publish_step_port(listener.getsockname()[1])
-                listener.settimeout(extra.connect_timeout_s)
                 while len(channels) < len(self.peers):
+                    remaining = max(deadline - time.monotonic(), 0.0)
+                    listener.settimeout(min(remaining, self.progress_every_s))
                     try:
                         channel, _ = listener.accept()
+                    except TimeoutError:
+                        if time.monotonic() < deadline:
+                            self._still_waiting(channels, extra)
+                            continue
+                        raise AFDConnectionError(
+                            f"{self._prefix}: attention ranks {self._missing(channels)} did not "
+                            f"open their step channel within {extra.connect_timeout_s:.0f} s"
+                        ) from None
                     except OSError as exc:
                         raise AFDConnectionError(
-                            f"{self._prefix}: Attention peers {sorted(set(self.peers) - set(channels))} did "
-                            f"not open their step channel within {extra.connect_timeout_s:.0f} s: {exc}"
+                            f"{self._prefix}: the step-channel listener at {self._group.where} "
+                            f"failed while attention ranks {self._missing(channels)} had not "
+                            f"connected: {exc}"
                         ) from None
                     try:
                         rank = self._admit(channel, channels, extra)
@@ -567,6 +663,23 @@ class P2PFFNConnector(FFNConnector):
                 channel.close()
             raise
         return [channels[peer] for peer in self.peers]
+
+    def _missing(self, channels: dict[int, socket.socket]) -> list[int]:
+        """The attention ranks of the peers not yet admitted."""
+        return [self.group.attention_ranks[rank - 1] for rank in self.peers if rank not in channels]
+
+    def _still_waiting(self, channels: dict[int, socket.socket], extra: P2PExtraConfig) -> None:
+        admitted = [self.group.attention_ranks[rank - 1] for rank in sorted(channels)]
+        logger.info(
+            "%s: group %d at %s still waiting for attention ranks %s (admitted: %s), %.0f s of %.0f s",
+            self._prefix,
+            self.group.ffn_rank,
+            self._group.where,
+            self._missing(channels),
+            admitted or "none",
+            time.monotonic() - self._group.started,
+            extra.connect_timeout_s,
+        )
 
     def _admit(
         self, channel: socket.socket, channels: dict[int, socket.socket], extra: P2PExtraConfig
@@ -654,6 +767,8 @@ class P2PFFNConnector(FFNConnector):
             values = StepHeader.empty()
             self._read(channel, values, f"step header from rank {peer}")
             headers.append(StepHeader.decode(values))
+        for metrics, header in zip(self.metrics, headers, strict=True):
+            metrics.step(header.num_tokens)
         self.headers = headers
         self._incoming.clear()
         # a split step's header leaves alone (the Attention side sends none of its layers with it)
@@ -698,6 +813,8 @@ class P2PFFNConnector(FFNConnector):
 
     def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         parts = self._incoming.pop((layer_idx, ubatch))
+        for index, tensors in parts.items():
+            self.metrics[index].received(tensor_bytes(*tensors))
         ordered = [parts[index] for index in sorted(parts)]
         hidden = [tensors[0] for tensors in ordered]
         logits = [tensors[1] for tensors in ordered if len(tensors) > 1]
@@ -715,6 +832,7 @@ class P2PFFNConnector(FFNConnector):
             rows = self.headers[index].ubatches[ubatch]
             tag = layer_tag(layer_idx, ubatch=ubatch)
             transfers.append(Transfer(True, output[start : start + rows], self.peers[index], tag))
+            self.metrics[index].sent(tensor_bytes(transfers[-1].tensor))
             start += rows
         self._group.start(transfers, f"send of layer {layer_idx}{_of(ubatch)}")()
 
@@ -727,6 +845,8 @@ class P2PFFNConnector(FFNConnector):
         self._wake_reader.close()
         self._wake_writer.close()
         self._group.close()
+        for metrics in self.metrics:
+            metrics.connected(False)
 
 
 def _of(ubatch: int) -> str:

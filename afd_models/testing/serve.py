@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -97,8 +98,11 @@ class Server:
         return self.process.poll() is None
 
 
-def vllm_command() -> list[str]:
-    """``vllm`` of this interpreter's environment."""
+def vllm_command(python: str | None = None) -> list[str]:
+    """``vllm`` of this interpreter's environment, or vLLM's CLI run by ``python`` (an environment
+    that imports vLLM without having its ``vllm`` script, such as a venv over another's packages)."""
+    if python is not None:
+        return [python, "-m", "vllm.entrypoints.cli.main"]
     return [str(Path(sys.executable).with_name("vllm"))]
 
 
@@ -115,13 +119,17 @@ def start(
     env: Mapping[str, str] | None = None,
     cpu: str | None = None,
     eager: bool = False,
+    python: str | None = None,
+    cwd: Path | None = None,
 ) -> Server:
     """Launch ``vllm serve`` in the background; ``afd`` is the ``additional_config["afd"]`` section.
 
-    The server runs in vLLM's default (compiled) mode, or with ``--enforce-eager`` if ``eager``.
+    The server runs in vLLM's default (compiled) mode, or with ``--enforce-eager`` if ``eager``;
+    with ``python``, vLLM's CLI runs on that interpreter (:func:`vllm_command`; ``python -m``
+    puts ``cwd`` first on the import path, so run it where no other ``afd_models`` lies).
     """
     args = [
-        *vllm_command(),
+        *vllm_command(python),
         "serve",
         str(model),
         "--host",
@@ -146,7 +154,12 @@ def start(
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
         )
     return Server(name, port, process, log)
 
@@ -227,6 +240,29 @@ def health(server: Server, timeout_s: float = 2.0) -> int:
         return int(exc.code)
     except OSError:
         return 0
+
+
+#: one sample line of the Prometheus text format: name, labels, value
+_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metrics(
+    server: Server, name: str, timeout_s: float = 30.0
+) -> list[tuple[dict[str, str], float]]:
+    """The samples of ``name`` in the server's ``/metrics``: each one's labels and value."""
+    try:
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=timeout_s) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        raise ServerError(f"GET {server.url}/metrics failed: {exc}") from exc
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) == name:
+            labels = dict(_LABEL.findall(match.group(2) or ""))
+            samples.append((labels, float(match.group(3))))
+    return samples
 
 
 def post(

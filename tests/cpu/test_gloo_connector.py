@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import logging
 import multiprocessing
 import os
 import socket
@@ -202,9 +203,29 @@ def _attention_peer(
             connector.send(layer, hidden, with_logits)
             exact &= torch.equal(connector.recv(layer, hidden), _expected(hidden, with_logits))
     transfers = made[0].transfers if made else None
-    results.put((rank, exact, connector.stats.steps, transfers))
+    labels = ("attention", rank, "ffn0")
+    series = {
+        "steps": _sample("afd_steps_total", *labels),
+        "tokens": _sample("afd_tokens_total", *labels),
+        "connected": _sample("afd_peer_connected", *labels),
+        "received": _sample("afd_bytes_total", *labels, direction="received"),
+        "exchanges": [
+            _sample("afd_exchange_seconds_count", *labels, layer=str(layer)) for layer in LAYERS
+        ],
+    }
+    results.put((rank, exact, connector.stats.steps, transfers, series))
     release.wait(60)
     connector.close()
+
+
+def _sample(name: str, role: str, rank: int, peer: str, **labels: str) -> float:
+    """A series' value in this process's Prometheus registry (0 when never written)."""
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(
+        name, {"role": role, "rank": str(rank), "peer": peer, **labels}
+    )
+    return 0.0 if value is None else value
 
 
 @pytest.fixture(params=PLANES)
@@ -241,8 +262,26 @@ def _stop_pair(ffn: Any, peers: list[Any], release: Any) -> None:
     ffn.close()
 
 
+def _ffn_series() -> list[dict[str, float]]:
+    """This process's FFN-side series of rank 0 for Attention peers 0 and 1."""
+    return [
+        {
+            "steps": _sample("afd_steps_total", "ffn", 0, f"attention{rank}"),
+            "tokens": _sample("afd_tokens_total", "ffn", 0, f"attention{rank}"),
+            "connected": _sample("afd_peer_connected", "ffn", 0, f"attention{rank}"),
+            "received": _sample(
+                "afd_bytes_total", "ffn", 0, f"attention{rank}", direction="received"
+            ),
+            "sent": _sample("afd_bytes_total", "ffn", 0, f"attention{rank}", direction="sent"),
+        }
+        for rank in (0, 1)
+    ]
+
+
 def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     plane, ffn, peers, results, release, made = pair
+    # the counters of this process add up over the tests run in it: count from here
+    before = _ffn_series()
     for step in range(STEPS):
         headers = ffn.wait_step(threading.Event())
         assert [(h.step, h.num_tokens, h.dtype) for h in headers] == [
@@ -253,14 +292,36 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
             assert hidden.shape == (sum(TOKENS), 16)
             assert (logits is None) == (step == 1)
             ffn.send(layer, _expected(hidden, logits))
-    outcomes = sorted(results.get(timeout=60) for _ in peers)
+    ffn_series = [
+        {key: value - earlier[key] if key != "connected" else value for key, value in now.items()}
+        for now, earlier in zip(_ffn_series(), before, strict=True)
+    ]
+    outcomes = sorted((results.get(timeout=60) for _ in peers), key=lambda outcome: outcome[0])
     assert [outcome[:3] for outcome in outcomes] == [(0, True, STEPS), (1, True, STEPS)]
+    # each side's Prometheus series (afd_models.metrics) counted every step, token, exchange and
+    # byte of its connection: the peers' in their own processes, the FFN side's in this one
+    for rank, *_, series in outcomes:
+        assert series == {
+            "steps": STEPS,
+            "tokens": STEPS * TOKENS[rank],
+            "connected": 1,
+            "received": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2,  # bfloat16 outputs
+            "exchanges": [STEPS] * len(LAYERS),
+        }, rank
+        logits = TOKENS[rank] * 4 * 4  # float32 router logits, sent on step 0
+        assert ffn_series[rank] == {
+            "steps": STEPS,
+            "tokens": STEPS * TOKENS[rank],
+            "connected": 1,
+            "received": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2 + len(LAYERS) * logits,
+            "sent": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2,
+        }, rank
     if plane == "nccl":
         # every layer crossed the data plane, the first included (NCCL tensors never ride the
         # CPU step channel): per step and layer, each peer one group of its hidden states, its
         # logits on step 0, and the receive of its rows; the FFN side one group of receives
         # from both peers and one of sends
-        for rank, _, _, transfers in outcomes:
+        for rank, _, _, transfers, _ in outcomes:
             expected = []
             for step in range(STEPS):
                 for _ in LAYERS:
@@ -293,21 +354,89 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     assert time.monotonic() - started < EXTRA.timeout_s
 
 
+class _Lines(logging.Handler):
+    """The messages AFD's connector module logs while it is attached (vLLM's loggers do not
+    propagate to pytest's capture)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("vllm.afd.connectors.p2p")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        self.logger.addHandler(self)
+        self.level_before = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        return self.lines
+
+    def __exit__(self, *_: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level_before)
+
+
+def _quick_progress(connector: type) -> type:
+    """``connector`` reporting its waits every 0.5 s instead of every PROGRESS_EVERY_S."""
+    return type(connector.__name__, (connector,), {"progress_every_s": 0.5})
+
+
 def test_attention_without_ffn_fails_clearly() -> None:
-    """No FFN worker: the Attention side says where it looked, and leaves nothing open."""
+    """No FFN worker: the Attention side says, while it waits, whom it waits for and for how long;
+    then where it looked, and it leaves nothing open."""
     from afd_models.connectors.gloo import GlooAttentionConnector
 
     port = free_port()
     fds = _fds_before()
     started = time.monotonic()
-    with pytest.raises(
-        AFDConnectionError, match=f"no connector group at 127.0.0.1:{port} within 2 s"
+    with (
+        _Lines() as lines,
+        pytest.raises(
+            AFDConnectionError, match=f"no connector group at 127.0.0.1:{port} within 2 s"
+        ),
     ):
-        GlooAttentionConnector(
+        _quick_progress(GlooAttentionConnector)(
             "127.0.0.1", groups(1, 1, port)[0], 0, P2PExtraConfig(connect_timeout_s=2)
         )
     assert time.monotonic() - started < 10
     assert _open_fds() - fds == set()
+    waiting = [line for line in lines if "still waiting for FFN rank 0 to host group 0" in line]
+    assert len(waiting) >= 2 and waiting[0].endswith("of 2 s"), lines
+    assert f"at 127.0.0.1:{port} (it does once its model is loaded)" in waiting[0]
+
+
+def test_ffn_names_the_attention_ranks_it_still_waits_for() -> None:
+    """2A1F with only Attention rank 0 started: while connecting, the FFN side names rank 1 as
+    missing and rank 0 as admitted, and rank 0 says it waits for rank 1; at the connect timeout
+    the FFN side fails naming rank 1, and rank 0 learns why."""
+    from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
+
+    group = groups(2, 1, free_port())[0]
+    extra = P2PExtraConfig(connect_timeout_s=3, timeout_s=30)
+    outcome: list[BaseException] = []
+
+    def attention() -> None:
+        try:
+            GlooAttentionConnector("127.0.0.1", group, 0, extra, _fingerprint(0))
+        except AFDConnectionError as exc:
+            outcome.append(exc)
+
+    peer = threading.Thread(target=attention)
+    with _Lines() as lines:
+        peer.start()
+        with pytest.raises(
+            AFDConnectionError,
+            match=r"attention ranks \[1\] did not open their step channel within 3 s",
+        ):
+            _quick_progress(GlooFFNConnector)("127.0.0.1", group, extra, _fingerprint(0))
+        peer.join(FAST_S)
+    assert not peer.is_alive() and len(outcome) == 1, outcome
+    assert "gave up before the group formed" in str(outcome[0]), outcome[0]
+    assert any("still waiting for attention ranks [1] (admitted: [0])" in line for line in lines), (
+        lines
+    )
+    assert any("waiting for the group's other attention ranks [1]" in line for line in lines)
 
 
 def _connecting_peer(

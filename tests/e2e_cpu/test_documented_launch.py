@@ -33,13 +33,15 @@ MODEL_DIR = Path("/tmp/afd-tiny")
 DOCUMENTED_PORTS = (8000, 8001, 29650)
 
 
-def documented_blocks(path: Path) -> dict[str, str]:
+def documented_blocks(path: Path, names: tuple[str, ...] = BLOCKS) -> dict[str, str]:
+    """The doc-test blocks ``names`` of ``path``; each must be there once."""
     found = MARKED_BLOCK.findall(path.read_text())
-    names = [name for name, _ in found]
-    assert sorted(names) == sorted(BLOCKS), (
-        f"{path.name}: doc-test blocks {names}, expected {BLOCKS}"
-    )
-    return dict(found)
+    for name in names:
+        count = sum(found_name == name for found_name, _ in found)
+        assert count == 1, (
+            f"{path.name}: doc-test block {name!r} appears {count} times, expected once"
+        )
+    return {name: script for name, script in found if name in names}
 
 
 def user_shell_env() -> dict[str, str]:
@@ -50,12 +52,15 @@ def user_shell_env() -> dict[str, str]:
     }
 
 
-def run_block(script: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """A documented block run to completion in its own shell, as a user pastes it."""
+def run_block(
+    script: str, timeout_s: float, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A documented block run to completion in its own shell, as a user pastes it (``env``:
+    variables the user's shell would have on top of this test's, such as an activated venv's)."""
     return subprocess.run(
         ["bash", "-c", script],
-        cwd=ROOT,
-        env=user_shell_env(),
+        cwd=cwd,
+        env={**user_shell_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -4,13 +4,14 @@ For both gate placements (each started in a different order), in vLLM's default 
 greedy completions of 4 concurrent requests equal a baseline compiled the same way, token for
 token; the FFN engine refuses requests; killing the FFN makes Attention requests fail with a
 clear error within the connector timeout; both roles stop cleanly and release their ports.
-Eager mode (``--enforce-eager``) serves batched requests and stops cleanly.
+Eager mode (``--enforce-eager``) serving batched requests and a clean stop are in
+test_install.py, where the pair runs from a wheel.
 
 Token equality is checked with ``--max-num-seqs 1`` on both sides, so each sequence is decoded in
 the same batch shape on both: vLLM's eager CPU kernels are not batch-invariant, and a plain vLLM
 server does not reproduce its own outputs when concurrent requests land in different batches
-(measured, see docs/testing.md). Batched serving is covered by a separate test that sends the same
-requests with up to 16 sequences per step.
+(measured, see docs/testing.md). Batched serving is covered by test_install.py, which sends the
+same requests with up to 16 sequences per step.
 """
 
 from __future__ import annotations
@@ -69,18 +70,34 @@ def _concurrently(server: serve.Server) -> list[list[int]]:
     ],
 )
 def test_pair_matches_baseline_and_fails_cleanly(
-    gate_on_attention: bool, ffn_first: bool, model: Path, logs: Path, baseline: serve.Server
+    gate_on_attention: bool,
+    ffn_first: bool,
+    model: Path,
+    logs: Path,
+    baseline: serve.Server,
+    tmp_path: Path,
 ) -> None:
-    """Start order does not matter; tokens equal the baseline; a dead FFN gives a clear, bounded failure."""
+    """Start order does not matter; tokens equal the baseline; both roles' ``/metrics`` show the
+    AFD series of the exchanges; a dead FFN gives a clear, bounded failure."""
     afd = {
         "port": serve.free_port(),
         "compute_gate_on_attention": gate_on_attention,
         "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 240},
     }
     tag = "attention" if gate_on_attention else "ffn"
+    # each server's own fresh directory: vLLM's /metrics then serves its workers' series too
+    prometheus = {role: tmp_path / f"prometheus-{role}" for role in ("ffn", "attention")}
+    for directory in prometheus.values():
+        directory.mkdir()
     starters = [
         lambda: serve.start_ffn(
-            f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(1)
+            f"ffn-{tag}",
+            model,
+            serve.free_port(),
+            logs,
+            afd,
+            cpu=serve.cpu(1),
+            env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["ffn"])},
         ),
         lambda: serve.start_attention(
             f"attention-{tag}",
@@ -90,6 +107,7 @@ def test_pair_matches_baseline_and_fails_cleanly(
             afd,
             cpu=serve.cpu(0),
             extra=ONE_SEQUENCE,
+            env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["attention"])},
         ),
     ]
     if not ffn_first:
@@ -104,6 +122,7 @@ def test_pair_matches_baseline_and_fails_cleanly(
         assert _concurrently(attention) == expected
         assert all(len(tokens) == MAX_TOKENS for tokens in expected)
         assert serve.ran_compiled(attention), attention.log_tail()
+        _check_metrics(attention, ffn, tokens=len(PROMPTS) * MAX_TOKENS)
 
         status, _ = serve.post(
             ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
@@ -125,37 +144,25 @@ def test_pair_matches_baseline_and_fails_cleanly(
     assert codes[attention.name] is not None
 
 
-def test_eager_batched_serving_and_clean_stop(model: Path, logs: Path) -> None:
-    """With --enforce-eager, concurrent requests batch through the connector (several sequences per
-    step); SIGTERM then stops both roles with exit code 0 and leaves no process or port behind.
-    (Stopping the Attention role first also ends the FFN engine, which then reports its peer gone:
-    see the other test.)"""
-    afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": TIMEOUT_S}}
-    ffn = serve.start_ffn(
-        "ffn-stop", model, serve.free_port(), logs, afd, cpu=serve.cpu(1), eager=True
-    )
-    attention = serve.start_attention(
-        "attention-stop",
-        model,
-        serve.free_port(),
-        logs,
-        afd,
-        cpu=serve.cpu(0),
-        env={"VLLM_SERVER_DEV_MODE": "1"},
-        eager=True,
-    )
-    try:
-        serve.wait_ready([ffn, attention], START_TIMEOUT_S)
-        before = serve.connector_stats(attention)["steps"]
-        outputs = _concurrently(attention)
-        assert [len(tokens) for tokens in outputs] == [MAX_TOKENS] * len(PROMPTS)
-        steps = serve.connector_stats(attention)["steps"] - before
-        assert MAX_TOKENS <= steps < len(PROMPTS) * MAX_TOKENS  # sequences shared steps
-    finally:
-        ffn_code = serve.stop(ffn)  # FFN first: the Attention role notices nothing while idle
-        attention_code = serve.stop(attention)
-    assert (attention_code, ffn_code) == (0, 0)
-    assert not serve.group_alive(attention) and not serve.group_alive(ffn)
-    assert serve.port_is_free(afd["port"])
-    assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
-    assert not serve.ran_compiled(attention)
+def _value(server: serve.Server, name: str, **labels: str) -> float:
+    """The one sample of ``name`` in the server's /metrics whose labels include ``labels``."""
+    found = [v for have, v in serve.metrics(server, name) if labels.items() <= have.items()]
+    assert len(found) == 1, (name, labels, serve.metrics(server, name))
+    return found[0]
+
+
+def _check_metrics(attention: serve.Server, ffn: serve.Server, tokens: int) -> None:
+    """One sequence per step, so at least a step per generated token crossed, every layer of it,
+    and both sides count the same steps (the FFN's by its peer, attention rank 0)."""
+    on_attention = {"role": "attention", "rank": "0", "peer": "ffn0"}
+    on_ffn = {"role": "ffn", "rank": "0", "peer": "attention0"}
+    steps = _value(attention, "afd_steps_total", **on_attention)
+    assert steps >= tokens
+    assert _value(ffn, "afd_steps_total", **on_ffn) == steps
+    assert _value(attention, "afd_tokens_total", **on_attention) >= tokens
+    assert _value(attention, "afd_exchange_seconds_count", **on_attention, layer="1") == steps
+    for direction in ("sent", "received"):
+        assert _value(attention, "afd_bytes_total", **on_attention, direction=direction) > 0
+        assert _value(ffn, "afd_bytes_total", **on_ffn, direction=direction) > 0
+    assert _value(attention, "afd_peer_connected", **on_attention) == 1
+    assert _value(ffn, "afd_peer_connected", **on_ffn) == 1

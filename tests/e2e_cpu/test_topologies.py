@@ -61,6 +61,8 @@ class Topology:
     #: --tensor-parallel-size of every engine (TP rank t of one role exchanges with TP rank t
     #: of the other)
     tp: int = 1
+    #: ``ffn_hosts``: FFN rank k's rendezvous address, as on separate nodes (empty: ``host``)
+    ffn_hosts: tuple[str, ...] = ()
 
     @property
     def num_attention_ranks(self) -> int:
@@ -74,7 +76,13 @@ class Topology:
 TOPOLOGIES = [
     Topology("2A1F", attention_engines=(2,), peers=((0, 1),)),
     Topology("2A2F", attention_engines=(2,), peers=((0,), (1,))),
-    Topology("3A2F", attention_engines=(2, 1), peers=((0, 1), (2,))),
+    # each FFN rank on its own loopback address, as FFN ranks on two nodes
+    Topology(
+        "3A2F",
+        attention_engines=(2, 1),
+        peers=((0, 1), (2,)),
+        ffn_hosts=("127.0.0.2", "127.0.0.3"),
+    ),
     Topology("1A1F-TP2", attention_engines=(1,), peers=((0,),), tp=2),
 ]
 #: run on every supported vLLM release: 3A2F has vLLM DP inside an engine, several Attention
@@ -140,6 +148,21 @@ def _baseline(model: Path, logs: Path, tp: int) -> Baseline:
     return Baseline(tokens, lengths)
 
 
+def _engine_ranks(
+    topology: Topology, attentions: list[serve.Server]
+) -> list[tuple[serve.Server, range]]:
+    """Each Attention engine with its Attention ranks (engine i's start after those before it)."""
+    ranks, offset = [], 0
+    for attention, dp in zip(attentions, topology.attention_engines, strict=True):
+        ranks.append((attention, range(offset, offset + dp)))
+        offset += dp
+    return ranks
+
+
+def _log(server: serve.Server) -> str:
+    return server.log.read_text(errors="replace")
+
+
 def _cpus(first: int, workers: int) -> str:
     """One CPU per worker of an engine (DP x TP of them): vLLM splits the binding at "|"."""
     return "|".join(serve.cpu(first + w) for w in range(workers))
@@ -154,6 +177,7 @@ def _start(
         "num_attention_ranks": topology.num_attention_ranks,
         "num_ffn_ranks": topology.num_ffn_ranks,
         "connector_extra_config": {"timeout_s": 30, "connect_timeout_s": 300},
+        **({"ffn_hosts": list(topology.ffn_hosts)} if topology.ffn_hosts else {}),
     }
     ffns, attentions = [], []
     try:
@@ -255,14 +279,22 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
                     counts_of_rank.setdefault(rank, []).append(count)
         if any(len(p) > 1 for p in topology.peers):
             assert uneven, "no step where an FFN rank's peers carried different token counts"
+        for k, host in enumerate(topology.ffn_hosts):
+            # FFN rank k hosted its group on its own address, and exactly the engines of its
+            # peers joined it there
+            assert f"hosting group {k} at {host}:" in ffns[k].log.read_text(errors="replace")
+            joined = [a for a in attentions if f"joining group {k} at {host}:" in _log(a)]
+            assert joined == [
+                a
+                for a, ranks in _engine_ranks(topology, attentions)
+                if set(ranks) & set(topology.peers[k])
+            ], [a.name for a in joined]
         # one sequence per step and rank: a step of more than one token is a prefill, and each
         # engine's prompts were prefilled by its ranks, so their step counts above one are
         # exactly the prompt lengths
-        offset = 0
-        for attention, dp in zip(attentions, topology.attention_engines, strict=True):
-            prefills = [c for r in range(offset, offset + dp) for c in counts_of_rank[r] if c > 1]
+        for attention, ranks in _engine_ranks(topology, attentions):
+            prefills = [c for r in ranks for c in counts_of_rank[r] if c > 1]
             assert sorted(prefills) == sorted(baseline.prompt_lengths), attention.name
-            offset += dp
 
         deployment = 0
         for server in servers:

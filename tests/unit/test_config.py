@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,7 @@ from afd_models.config import (
     parse_afd_config,
     require_afd_config,
 )
+from afd_models.topology import check_attention_engine
 
 
 def test_defaults() -> None:
@@ -461,3 +465,88 @@ def test_force_load_balance_on_the_attention_role_is_refused() -> None:
         "FFN role's; allowed: false (set it on the FFN engine)"
     )
     assert parse_afd_config({**section, "role": "ffn"}).connector_extra_config.force_load_balance
+
+
+def test_ffn_hosts_put_each_ffn_ranks_group_on_its_own_address() -> None:
+    """Multi-node: FFN rank k hosts (and its peers join) group k at ffn_hosts[k]; without
+    ffn_hosts every group is on ``host``."""
+    section = {"role": "attention", "num_attention_ranks": 4, "num_ffn_ranks": 2}
+    spread = parse_afd_config({**section, "ffn_hosts": ["10.0.0.2", "ffn-1.cluster.local"]})
+    assert spread.ffn_hosts == ("10.0.0.2", "ffn-1.cluster.local")
+    assert [spread.group_host(k) for k in range(2)] == ["10.0.0.2", "ffn-1.cluster.local"]
+    one = parse_afd_config({**section, "host": "10.0.0.9"})
+    assert one.ffn_hosts == () and [one.group_host(k) for k in range(2)] == ["10.0.0.9"] * 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"ffn_hosts": ["10.0.0.2"]},
+            "additional_config.afd.ffn_hosts=['10.0.0.2'] with additional_config.afd.num_ffn_ranks=2 "
+            "is not allowed; allowed: a list of 2 address(es), FFN rank k's at index k",
+        ),
+        (
+            {"ffn_hosts": "10.0.0.2"},
+            "additional_config.afd.ffn_hosts='10.0.0.2' with additional_config.afd.num_ffn_ranks=2 "
+            "is not allowed; allowed: a list of 2 address(es), FFN rank k's at index k",
+        ),
+        (
+            {"ffn_hosts": ["10.0.0.2", "bad host!"]},
+            "additional_config.afd.ffn_hosts[1]='bad host!' is not allowed; allowed: an IPv4 or "
+            "IPv6 address (127.0.0.1, ::1) or an RFC 1123 host name (localhost, "
+            "ffn-0.cluster.local)",
+        ),
+        (
+            {"ffn_hosts": ["10.0.0.2", "10.0.0.3"], "host": "10.0.0.2"},
+            "additional_config.afd.host with additional_config.afd.ffn_hosts is not allowed: both "
+            "say where the rendezvous listens; allowed: one of them (ffn_hosts for FFN ranks on "
+            "several nodes)",
+        ),
+    ],
+)
+def test_bad_ffn_hosts_name_the_keys(changes: dict, message: str) -> None:
+    section = {"role": "ffn", "num_attention_ranks": 2, "num_ffn_ranks": 2, **changes}
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config(section)
+    assert str(raised.value) == message
+
+
+def _multi_node_recipes() -> list[list[tuple[dict, int]]]:
+    """Each command block of docs/user-guide.md's Multi-node section: per ``vllm serve``, its
+    ``afd`` section and ``--data-parallel-size``."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    section = guide.split("### Multi-node", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    recipes = []
+    for block in re.findall(r"```bash\n(.*?)\n```", section, re.S):
+        engines = []
+        for command in block.replace("\\\n", " ").splitlines():
+            if "vllm serve" not in command:
+                continue
+            afd = json.loads(re.search(r"--additional-config '(.*?)'", command).group(1))["afd"]
+            dp = re.search(r"--data-parallel-size (\d+)", command)
+            engines.append((afd, int(dp.group(1)) if dp else 1))
+        recipes.append(engines)
+    return recipes
+
+
+def test_the_multi_node_recipes_are_whole_deployments() -> None:
+    """Every engine of each documented recipe parses, all agree on the deployment, and their
+    ranks cover each role exactly once, in engines the start-up check accepts."""
+    recipes = _multi_node_recipes()
+    assert [len(engines) for engines in recipes] == [2, 4]
+    for engines in recipes:
+        configs = [(parse_afd_config(afd, platform="cpu"), dp) for afd, dp in engines]
+        shared = {
+            (c.port, c.num_attention_ranks, c.num_ffn_ranks, c.host, c.ffn_hosts)
+            for c, _ in configs
+        }
+        assert len(shared) == 1, shared
+        a, f = configs[0][0].num_attention_ranks, configs[0][0].num_ffn_ranks
+        attention = [(c.rank_offset, dp) for c, dp in configs if c.is_attention]
+        ffn = sorted(c.rank_offset for c, dp in configs if c.is_ffn)
+        assert ffn == list(range(f)), ffn
+        covered = sorted(r for first, dp in attention for r in range(first, first + dp))
+        assert covered == list(range(a)), covered
+        for first, dp in attention:
+            check_attention_engine(first, dp, a, f)

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import noxfile
-
-from .conftest import REPO
+from tests.checkout import tracked_copy
 
 OVERLAY = "overlay/vllm/model_executor/models/deepseek_v2.py"
-
-
-def _tracked_copy(tmp_path: Path) -> Path:
-    """The committed files of this checkout (no generated code: a fresh clone)."""
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True, timeout=60
-    ).stdout.decode()
-    root = tmp_path / "clone"
-    for name in filter(None, files.split("\0")):
-        if (REPO / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, root / name)
-    return root
 
 
 def _committed_check(root: Path) -> subprocess.CompletedProcess[str]:
@@ -40,7 +25,7 @@ def _committed_check(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_stale_lock_fails_the_committed_check(tmp_path: Path) -> None:
-    root = _tracked_copy(tmp_path)
+    root = tracked_copy(tmp_path / "clone")
     clean = _committed_check(root)
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
@@ -95,6 +80,7 @@ def test_tests_session_checks_before_it_regenerates() -> None:
         "tests/e2e_cpu",
         "-m",
         "not primary_release",
+        noxfile.DURATIONS,
     )
     # one release: no further leg
     assert len(_commands({"0.26.0": "py-0.26"})) == 3

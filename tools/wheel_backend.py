@@ -1,0 +1,105 @@
+"""The project's PEP 517 build backend: setuptools', with the generated code built into each wheel.
+
+``pip install .``, ``pip wheel .`` and ``python -m build`` produce a wheel that carries
+``afd_models/_generated`` and the lock it was generated with, made from the pinned upstream
+source of one vLLM release: the primary pin of ``overlay/pins.toml``, or the release named by the
+``vllm`` config setting (``pip wheel . -C vllm=0.28.0``, ``python -m build -C vllm=0.28.0``).
+Generation runs in a temporary copy of the source tree, so a build never rewrites the checkout.
+Editable installs and sdists are setuptools' own: an editable install runs the checkout's code,
+which ``nox -s regenerate`` generates.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from setuptools import build_meta
+from setuptools.build_meta import (  # noqa: F401  (the rest of the backend is setuptools')
+    build_editable,
+    build_sdist,
+    get_requires_for_build_editable,
+    get_requires_for_build_sdist,
+    get_requires_for_build_wheel,
+    prepare_metadata_for_build_editable,
+    prepare_metadata_for_build_wheel,
+)
+
+#: the config setting that picks the vLLM release a wheel is generated for
+RELEASE_SETTING = "vllm"
+#: what the copy of the tree leaves out: VCS data, local scratch and earlier build outputs
+SKIPPED = (".git", ".nox", ".afd-work", "build", "dist", "_generated", "*.egg-info", "__pycache__")
+
+
+def _log(message: str, started: float) -> None:
+    print(f"[afd wheel {time.monotonic() - started:5.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def _release(config_settings: dict[str, Any] | None) -> list[str]:
+    value = (config_settings or {}).get(RELEASE_SETTING)
+    if value is None:
+        return []
+    if not isinstance(value, str) or not value:
+        raise ValueError(
+            f"config setting {RELEASE_SETTING}={value!r} is not allowed; allowed: one supported "
+            "vLLM release of overlay/pins.toml, e.g. -C vllm=0.28.0"
+        )
+    return ["--vllm-version", value]
+
+
+def build_wheel(
+    wheel_directory: str,
+    config_settings: dict[str, Any] | None = None,
+    metadata_directory: str | None = None,
+) -> str:
+    """Generate the code in a copy of the tree, then build the wheel there with setuptools."""
+    started = time.monotonic()
+    release = _release(config_settings)
+    source = Path.cwd()
+    out = str(Path(wheel_directory).resolve())
+    with tempfile.TemporaryDirectory(prefix="afd-wheel-") as scratch:
+        tree = Path(scratch) / "tree"
+        shutil.copytree(source, tree, ignore=shutil.ignore_patterns(*SKIPPED))
+        _log(
+            "generating afd_models/_generated from the pinned upstream source (a cold download "
+            "cache fetches it from PyPI first)",
+            started,
+        )
+        command = [sys.executable, "-m", "codegen", "regenerate", "--no-installed", *release]
+        # the copy's codegen, whatever the build environment has on its path
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        done = subprocess.run(command, cwd=tree, env=env, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"building the wheel generates its code first, and `{' '.join(command[1:])}` "
+                f"exited with {done.returncode} (its output is above)"
+            )
+        _ship_lock(tree)
+        _log("building the wheel with setuptools", started)
+        previous = Path.cwd()
+        os.chdir(tree)  # setuptools builds the project in the working directory
+        try:
+            name = build_meta.build_wheel(out, config_settings)
+        finally:
+            os.chdir(previous)
+        _log(f"wrote {name}", started)
+        return name
+
+
+def _ship_lock(tree: Path) -> None:
+    """Copy the generation's lock into the generated package, where the installed wheel's
+    freshness check reads it (``afd_models._freshness``)."""
+    sys.path.insert(0, str(tree))
+    try:
+        from codegen.registry import registry_data
+    finally:
+        sys.path.remove(str(tree))
+    registry = registry_data(tree) or {}
+    lock = PurePosixPath(str(registry["LOCK"]))
+    shutil.copy2(tree / lock, tree / "afd_models" / "_generated" / lock.name)
