@@ -4,7 +4,7 @@ Importing it imports nothing heavy and checks nothing, so the ``vllm.general_plu
 (:func:`afd_models.plugin.register`, which registers the AFD architectures by name) cannot break a
 vLLM run that does not use AFD. vLLM selects the pieces by dotted paths: ``--worker-cls
 afd_models.workers.AFDAttentionCPUWorker`` and the registered model classes. The generated code
-(``afd_models/_generated``, written by ``nox -s regenerate`` or the wheel build) checks that it is
-present and fresh when first imported, so an AFD worker of a stale checkout fails at start with
-the command that fixes it.
+(``afd_models/_generated``, written by ``nox -s regenerate`` or the wheel build) is checked before
+it runs: by the AFD workers (which also report it missing) and by its own registry when first
+imported, so an AFD worker of a stale checkout fails at start with the command that fixes it.
 """

@@ -98,6 +98,11 @@ def check_generated_code() -> None:
         lock = CHECKOUT_ROOT / lock_path
     else:
         lock = GENERATED_DIR / lock_path.name  # an installed wheel carries its lock here
+        if not lock.exists():
+            raise GeneratedCodeError(
+                f"the installed afd_models/_generated has no {lock_path.name} beside it (a wheel "
+                f"built without tools/wheel_backend.py?): {FIX}"
+            )
     if lock.exists():
         generated = json.loads(lock.read_text()).get("generated", {})
         registry_file = (GENERATED_DIR / "__init__.py").relative_to(CHECKOUT_ROOT).as_posix()

@@ -412,7 +412,8 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
     if "ffn_hosts" in section:
         if "host" in section:
             raise AFDConfigError(
-                f"{_where('host')} with {_where('ffn_hosts')} is not allowed: both say where the "
+                f"{_where('host')}={section['host']!r} with "
+                f"{_where('ffn_hosts')}={section['ffn_hosts']!r} is not allowed: both say where the "
                 "rendezvous listens; allowed: one of them (ffn_hosts for FFN ranks on several nodes)"
             )
         config = replace(

@@ -4,9 +4,9 @@ The connectors live in vLLM's worker processes, and vLLM's API server serves the
 processes only in ``prometheus_client``'s multiprocess mode: when ``PROMETHEUS_MULTIPROC_DIR``
 names a directory (vLLM sets it itself when it runs several API servers; otherwise the operator
 exports it, a fresh empty directory per server). Without it the series stay in the worker and
-:func:`warn_if_unexported` says so once. Every series carries the worker's ``role`` and role
-``rank`` and the ``peer`` it talks to (``ffn0``, ``attention1``), so the processes of one server
-never add up into one series.
+:func:`warn_if_unexported` says so once. Every series carries the worker's ``role``, role ``rank``
+and TP ``lane`` and the ``peer`` it talks to (``ffn0``, ``attention1``): multiprocess mode adds up
+the series of processes with equal labels, and each worker process counts its own exchanges.
 
 ==========================  =========  ===============================================================
 series                      type       what
@@ -23,11 +23,14 @@ series                      type       what
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
-import torch
 from prometheus_client import Counter, Gauge, Histogram
 
 from afd_models.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
 
 logger = get_logger(__name__)
 
@@ -50,7 +53,7 @@ LATENCY_BUCKETS = (
     5,
     10,
 )
-PEER_LABELS = ("role", "rank", "peer")
+PEER_LABELS = ("role", "rank", "lane", "peer")
 
 EXCHANGE_SECONDS = Histogram(
     "afd_exchange_seconds",
@@ -65,7 +68,7 @@ BYTES = Counter(
     "AFD activation bytes sent to or received from the peer",
     (*PEER_LABELS, "direction"),
 )
-# the latest value any process wrote: a process that left must not keep a peer "connected"
+# the value last written for these labels (a count of processes would be meaningless here)
 PEER_CONNECTED = Gauge(
     "afd_peer_connected",
     "AFD: 1 once the peer passed the connect handshake, 0 after the connector closed",
@@ -88,16 +91,18 @@ def warn_if_unexported() -> None:
 
 
 class PeerMetrics:
-    """The series of one connection: this worker (its role and role rank) and one peer."""
+    """The series of one connection: this worker (its role, role rank and TP lane) and one peer."""
 
-    def __init__(self, role: str, rank: int, peer: str):
-        labels = {"role": role, "rank": str(rank), "peer": peer}
+    def __init__(self, role: str, rank: int, lane: int, peer: str):
+        labels = {"role": role, "rank": str(rank), "lane": str(lane), "peer": peer}
         self._labels = labels
         self._steps = STEPS.labels(**labels)
         self._tokens = TOKENS.labels(**labels)
         self._sent = BYTES.labels(**labels, direction="sent")
         self._received = BYTES.labels(**labels, direction="received")
         self._connected = PEER_CONNECTED.labels(**labels)
+        #: each layer's latency histogram, looked up once (the lookup costs as much as a sample)
+        self._exchanges: dict[int, Any] = {}
         warn_if_unexported()
 
     def connected(self, up: bool) -> None:
@@ -114,9 +119,13 @@ class PeerMetrics:
         self._received.inc(nbytes)
 
     def exchanged(self, layer: int, seconds: float) -> None:
-        EXCHANGE_SECONDS.labels(**self._labels, layer=str(layer)).observe(seconds)
+        histogram = self._exchanges.get(layer)
+        if histogram is None:
+            histogram = EXCHANGE_SECONDS.labels(**self._labels, layer=str(layer))
+            self._exchanges[layer] = histogram
+        histogram.observe(seconds)
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     """Bytes of the tensors given (``None`` counts 0)."""
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return sum(t.nbytes for t in tensors if t is not None)

@@ -10,7 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tracked_copy(root: Path) -> Path:
-    """Copy the committed files of this checkout to ``root`` (no generated code: a fresh clone)."""
+    """Copy the files git tracks (their working-tree contents) to ``root``: a fresh clone of
+    this checkout, without its generated code."""
     files = subprocess.run(
         ["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True, timeout=60
     ).stdout.decode()

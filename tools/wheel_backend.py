@@ -33,8 +33,13 @@ from setuptools.build_meta import (  # noqa: F401  (the rest of the backend is s
 
 #: the config setting that picks the vLLM release a wheel is generated for
 RELEASE_SETTING = "vllm"
-#: what the copy of the tree leaves out: VCS data, local scratch and earlier build outputs
-SKIPPED = (".git", ".nox", ".afd-work", "build", "dist", "_generated", "*.egg-info", "__pycache__")
+#: what of the tree a wheel build needs (the package sources, the overlay with its pins and
+#: locks, the project metadata); nothing else is copied
+NEEDED = ("afd_models", "codegen", "overlay", "pyproject.toml", "MANIFEST.in", "README.md")
+#: left out of the copied directories: earlier generated code and bytecode
+SKIPPED = ("_generated", "__pycache__", "*.pyc")
+#: seconds the generation may take (a cold cache first downloads vLLM's and vLLM-Ascend's source)
+GENERATE_TIMEOUT_S = 1800
 
 
 def _log(message: str, started: float) -> None:
@@ -65,7 +70,14 @@ def build_wheel(
     out = str(Path(wheel_directory).resolve())
     with tempfile.TemporaryDirectory(prefix="afd-wheel-") as scratch:
         tree = Path(scratch) / "tree"
-        shutil.copytree(source, tree, ignore=shutil.ignore_patterns(*SKIPPED))
+        for name in NEEDED:
+            if (source / name).is_dir():
+                shutil.copytree(source / name, tree / name, ignore=shutil.ignore_patterns(*SKIPPED))
+            else:
+                tree.mkdir(exist_ok=True)
+                shutil.copy2(source / name, tree / name)
+        (tree / "tools").mkdir()
+        shutil.copy2(source / "tools" / "wheel_backend.py", tree / "tools" / "wheel_backend.py")
         _log(
             "generating afd_models/_generated from the pinned upstream source (a cold download "
             "cache fetches it from PyPI first)",
@@ -74,7 +86,15 @@ def build_wheel(
         command = [sys.executable, "-m", "codegen", "regenerate", "--no-installed", *release]
         # the copy's codegen, whatever the build environment has on its path
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        done = subprocess.run(command, cwd=tree, env=env, check=False)
+        try:
+            done = subprocess.run(
+                command, cwd=tree, env=env, check=False, timeout=GENERATE_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"building the wheel generates its code first, and `{' '.join(command[1:])}` "
+                f"did not finish within {GENERATE_TIMEOUT_S} s (downloading the upstream source?)"
+            ) from None
         if done.returncode != 0:
             raise RuntimeError(
                 f"building the wheel generates its code first, and `{' '.join(command[1:])}` "
@@ -100,6 +120,11 @@ def _ship_lock(tree: Path) -> None:
         from codegen.registry import registry_data
     finally:
         sys.path.remove(str(tree))
-    registry = registry_data(tree) or {}
+    registry = registry_data(tree)
+    if registry is None or "LOCK" not in registry:
+        raise RuntimeError(
+            "the generation wrote no afd_models/_generated/__init__.py naming its LOCK; "
+            "the wheel would carry no lock"
+        )
     lock = PurePosixPath(str(registry["LOCK"]))
     shutil.copy2(tree / lock, tree / "afd_models" / "_generated" / lock.name)

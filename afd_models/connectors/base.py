@@ -418,8 +418,7 @@ class AFDConnector(ABC):
                 self._open_step(header)
         self._next[ubatch] += 1
         if not self.is_capturing:
-            nbytes = hidden_states.numel() * hidden_states.element_size()
-            self.stats.started((ubatch, layer_idx), nbytes)
+            self.stats.started((ubatch, layer_idx), hidden_states.nbytes)
             if self.metrics is not None:
                 self.metrics.sent(tensor_bytes(hidden_states, router_logits))
         self._send_layer(layer_idx, hidden_states, router_logits, ubatch)

@@ -259,25 +259,28 @@ class _Rendezvous:
         deadline = self.started + self.connect_timeout_s
         report = self.started + self.progress_every_s
         while True:
+            # each probe at most one progress interval, so a network that drops packets (a
+            # firewall) still gets its progress lines
+            wait_s = min(max(deadline - time.monotonic(), 0.01), self.progress_every_s)
             try:
-                with socket.create_connection(
-                    (self.host, self.group.port), max(deadline - time.monotonic(), 0.01)
-                ):
+                with socket.create_connection((self.host, self.group.port), wait_s):
                     return
             except OSError as exc:
                 if time.monotonic() >= deadline:
                     raise self._no_group(exc) from None
+                last = str(exc)  # the text only: the error's frames would keep its socket alive
             if time.monotonic() >= report:
                 report += self.progress_every_s
                 logger.info(
                     "%s: still waiting for FFN rank %d to host group %d at %s (it does once its "
-                    "model is loaded), %.0f s of %.0f s",
+                    "model is loaded), %.0f s of %.0f s; last try: %s",
                     self.prefix,
                     self.group.ffn_rank,
                     self.group.ffn_rank,
                     self.where,
                     time.monotonic() - self.started,
                     self.connect_timeout_s,
+                    last,
                 )
             time.sleep(max(min(PROBE_EVERY_S, deadline - time.monotonic()), 0.0))
 
@@ -380,11 +383,13 @@ class P2PAttentionConnector(AFDConnector):
             self._group.form()
             if plane.waits_on_device:
                 self._watchdog = _PeerWatchdog(self._steps, self._group, on_peer_gone)
+            self.metrics = PeerMetrics(
+                "attention", attention_rank, group.lane, f"ffn{group.ffn_rank}"
+            )
+            self.metrics.connected(True)
         except BaseException:
             self.close()
             raise
-        self.metrics = PeerMetrics("attention", attention_rank, f"ffn{group.ffn_rank}")
-        self.metrics.connected(True)
 
     def _connect_step_channel(self, extra: P2PExtraConfig) -> socket.socket:
         """Open the step channel and pass the handshake; the channel is closed if either fails."""
@@ -607,36 +612,38 @@ class P2PFFNConnector(FFNConnector):
         try:
             self._channels = self._accept_step_channels(host, extra)
             self._group.form()
+            self.metrics = [
+                PeerMetrics("ffn", group.ffn_rank, group.lane, f"attention{r}")
+                for r in group.attention_ranks
+            ]
+            for metrics in self.metrics:
+                metrics.connected(True)
         except BaseException:
             self.close()
             raise
-        self.metrics = [
-            PeerMetrics("ffn", group.ffn_rank, f"attention{r}") for r in group.attention_ranks
-        ]
-        for metrics in self.metrics:
-            metrics.connected(True)
 
     def _accept_step_channels(self, host: str, extra: P2PExtraConfig) -> list[socket.socket]:
         """One TCP connection per Attention peer, in peer order, each past the handshake; on
         failure every channel is closed, and the peers accepted so far are told why."""
         channels: dict[int, socket.socket] = {}
-        deadline = time.monotonic() + extra.connect_timeout_s
+        # one connect timeout for the whole rendezvous, as the progress lines count it
+        deadline = self._group.started + extra.connect_timeout_s
         try:
             with socket.create_server((host, 0)) as listener:
                 self._group.publish_step_port(listener.getsockname()[1])
                 while len(channels) < len(self.peers):
-                    remaining = max(deadline - time.monotonic(), 0.0)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise AFDConnectionError(
+                            f"{self._prefix}: attention ranks {self._missing(channels)} did not "
+                            f"open their step channel within {extra.connect_timeout_s:.0f} s"
+                        )
                     listener.settimeout(min(remaining, self.progress_every_s))
                     try:
                         channel, _ = listener.accept()
                     except TimeoutError:
-                        if time.monotonic() < deadline:
-                            self._still_waiting(channels, extra)
-                            continue
-                        raise AFDConnectionError(
-                            f"{self._prefix}: attention ranks {self._missing(channels)} did not "
-                            f"open their step channel within {extra.connect_timeout_s:.0f} s"
-                        ) from None
+                        self._still_waiting(channels, extra)
+                        continue
                     except OSError as exc:
                         raise AFDConnectionError(
                             f"{self._prefix}: the step-channel listener at {self._group.where} "

@@ -265,6 +265,20 @@ def metrics(
     return samples
 
 
+def metric_value(server: Server, name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` in the server's ``/metrics`` whose labels include
+    ``labels``.
+
+    Raises:
+        ServerError: no such sample, or more than one.
+    """
+    samples = metrics(server, name)
+    found = [value for have, value in samples if labels.items() <= have.items()]
+    if len(found) != 1:
+        raise ServerError(f"{len(found)} samples of {name} with {labels} in {samples}")
+    return found[0]
+
+
 def post(
     server: Server, path: str, body: Mapping[str, Any], timeout_s: float = 120.0
 ) -> tuple[int, dict[str, Any]]:

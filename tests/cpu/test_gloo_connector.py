@@ -208,6 +208,7 @@ def _attention_peer(
         "steps": _sample("afd_steps_total", *labels),
         "tokens": _sample("afd_tokens_total", *labels),
         "connected": _sample("afd_peer_connected", *labels),
+        "sent": _sample("afd_bytes_total", *labels, direction="sent"),
         "received": _sample("afd_bytes_total", *labels, direction="received"),
         "exchanges": [
             _sample("afd_exchange_seconds_count", *labels, layer=str(layer)) for layer in LAYERS
@@ -219,11 +220,11 @@ def _attention_peer(
 
 
 def _sample(name: str, role: str, rank: int, peer: str, **labels: str) -> float:
-    """A series' value in this process's Prometheus registry (0 when never written)."""
+    """A series' value in this process's Prometheus registry, TP lane 0 (0 when never written)."""
     from prometheus_client import REGISTRY
 
     value = REGISTRY.get_sample_value(
-        name, {"role": role, "rank": str(rank), "peer": peer, **labels}
+        name, {"role": role, "rank": str(rank), "lane": "0", "peer": peer, **labels}
     )
     return 0.0 if value is None else value
 
@@ -301,14 +302,15 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     # each side's Prometheus series (afd_models.metrics) counted every step, token, exchange and
     # byte of its connection: the peers' in their own processes, the FFN side's in this one
     for rank, *_, series in outcomes:
+        logits = TOKENS[rank] * 4 * 4  # float32 router logits, sent on step 0
         assert series == {
             "steps": STEPS,
             "tokens": STEPS * TOKENS[rank],
             "connected": 1,
+            "sent": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2 + len(LAYERS) * logits,
             "received": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2,  # bfloat16 outputs
             "exchanges": [STEPS] * len(LAYERS),
         }, rank
-        logits = TOKENS[rank] * 4 * 4  # float32 router logits, sent on step 0
         assert ffn_series[rank] == {
             "steps": STEPS,
             "tokens": STEPS * TOKENS[rank],
@@ -352,6 +354,9 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     with pytest.raises(AFDConnectionError, match="step header from rank 1 failed: the peer closed"):
         ffn.wait_step(threading.Event())
     assert time.monotonic() - started < EXTRA.timeout_s
+    # closing marks both peers disconnected (the fixture closes it again: closing is idempotent)
+    ffn.close()
+    assert [series["connected"] for series in _ffn_series()] == [0, 0]
 
 
 class _Lines(logging.Handler):
@@ -402,7 +407,8 @@ def test_attention_without_ffn_fails_clearly() -> None:
     assert time.monotonic() - started < 10
     assert _open_fds() - fds == set()
     waiting = [line for line in lines if "still waiting for FFN rank 0 to host group 0" in line]
-    assert len(waiting) >= 2 and waiting[0].endswith("of 2 s"), lines
+    assert len(waiting) >= 2, lines
+    assert waiting[0].endswith("of 2 s; last try: [Errno 111] Connection refused"), waiting[0]
     assert f"at 127.0.0.1:{port} (it does once its model is loaded)" in waiting[0]
 
 

@@ -27,6 +27,8 @@ GUIDE = ROOT / "docs" / "user-guide.md"
 README = ROOT / "README.md"
 MARKED_BLOCK = re.compile(r"<!-- doc-test: (\w+) -->\n```bash\n(.*?)\n```", re.S)
 BLOCKS = ("model", "ffn", "attention", "request")
+#: the user guide's other doc-test blocks, and the test that runs each
+OTHER_BLOCKS = {"wheel": "tests/e2e_cpu/test_install.py"}
 #: where the documented model command writes the tiny model
 MODEL_DIR = Path("/tmp/afd-tiny")
 #: ports the documented commands use: Attention, FFN, the connector's rendezvous
@@ -89,6 +91,13 @@ def documented_port(script: str) -> int:
 
 def test_readme_shows_the_user_guide_commands() -> None:
     assert documented_blocks(README) == documented_blocks(GUIDE)
+
+
+def test_every_doc_test_block_of_the_user_guide_is_run() -> None:
+    names = [name for name, _ in MARKED_BLOCK.findall(GUIDE.read_text())]
+    assert sorted(names) == sorted([*BLOCKS, *OTHER_BLOCKS])
+    for name, test in OTHER_BLOCKS.items():
+        assert f'documented_blocks(GUIDE, ("{name}",))' in (ROOT / test).read_text(), test
 
 
 # the commands are the same on every supported release (`tools/cpu_env.py path` names the env the

@@ -3,10 +3,10 @@
 * **A wheel.** docs/user-guide.md's wheel commands, run as written in a fresh clone with a fresh
   venv's ``pip`` first on ``PATH``, build a wheel that carries its generated code and install it
   there. The venv sees vLLM through a ``.pth`` line naming the CPU env's packages, not this
-  checkout. On every release, its workers come from the wheel, generated for the installed vLLM.
-  On the primary, the AFD pair served from that venv with eager engines takes concurrent
-  requests that cross the connector together (several sequences per step), and SIGTERM stops
-  both roles with exit code 0, leaving no process or port behind.
+  checkout. On every release, its workers come from the wheel, generated for the installed vLLM,
+  and the AFD pair served from that venv with eager engines takes concurrent requests that cross
+  the connector together (several sequences per step); SIGTERM stops both roles with exit code
+  0, leaving no process or port behind.
 * **A stale checkout.** With an overlay edited after generation, loading vLLM's plugins logs
   nothing from this project and still registers the AFD names; a plain ``vllm serve`` serves;
   an AFD worker fails at start with the command that fixes it.
@@ -99,13 +99,11 @@ def test_wheel_carries_code_generated_for_the_installed_vllm(wheel_venv: WheelVe
     assert not (wheel_venv.clone / "afd_models" / "_generated").exists()
 
 
-# serving is the same code on every release; the wheel's release is checked on each (above)
-@pytest.mark.primary_release
 def test_wheel_serves_batched_requests_and_stops_cleanly(
     wheel_venv: WheelVenv, model: Path, logs: Path, tmp_path: Path
 ) -> None:
-    """Both roles run the wheel's code; requests batch through the connector; SIGTERM stops both
-    roles with exit code 0. (Stopping the Attention role first also ends the FFN engine, which
+    """On every release, eager: both roles run the wheel's code; requests batch through the
+    connector; SIGTERM stops both roles with exit code 0. (Stopping the Attention role first also ends the FFN engine, which
     then reports its peer gone: see test_serve_pair.py.)"""
     afd = {"port": serve.free_port(), "connector_extra_config": {"timeout_s": 10}}
     from_wheel = {"python": wheel_venv.python, "cwd": tmp_path, "eager": True}
@@ -137,6 +135,7 @@ def test_wheel_serves_batched_requests_and_stops_cleanly(
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
     assert serve.port_is_free(afd["port"])
     assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
+    assert not serve.ran_compiled(attention)
 
 
 @pytest.fixture(scope="module")

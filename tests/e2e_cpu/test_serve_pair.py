@@ -5,13 +5,13 @@ greedy completions of 4 concurrent requests equal a baseline compiled the same w
 token; the FFN engine refuses requests; killing the FFN makes Attention requests fail with a
 clear error within the connector timeout; both roles stop cleanly and release their ports.
 Eager mode (``--enforce-eager``) serving batched requests and a clean stop are in
-test_install.py, where the pair runs from a wheel.
+test_install.py, where the pair runs from a wheel, on every release.
 
 Token equality is checked with ``--max-num-seqs 1`` on both sides, so each sequence is decoded in
 the same batch shape on both: vLLM's eager CPU kernels are not batch-invariant, and a plain vLLM
 server does not reproduce its own outputs when concurrent requests land in different batches
-(measured, see docs/testing.md). Batched serving is covered by test_install.py, which sends the
-same requests with up to 16 sequences per step.
+(measured, see docs/testing.md). Batched serving is covered by test_install.py, which sends
+4 concurrent requests with up to 16 sequences per step.
 """
 
 from __future__ import annotations
@@ -144,25 +144,24 @@ def test_pair_matches_baseline_and_fails_cleanly(
     assert codes[attention.name] is not None
 
 
-def _value(server: serve.Server, name: str, **labels: str) -> float:
-    """The one sample of ``name`` in the server's /metrics whose labels include ``labels``."""
-    found = [v for have, v in serve.metrics(server, name) if labels.items() <= have.items()]
-    assert len(found) == 1, (name, labels, serve.metrics(server, name))
-    return found[0]
-
-
 def _check_metrics(attention: serve.Server, ffn: serve.Server, tokens: int) -> None:
     """One sequence per step, so at least a step per generated token crossed, every layer of it,
     and both sides count the same steps (the FFN's by its peer, attention rank 0)."""
-    on_attention = {"role": "attention", "rank": "0", "peer": "ffn0"}
-    on_ffn = {"role": "ffn", "rank": "0", "peer": "attention0"}
-    steps = _value(attention, "afd_steps_total", **on_attention)
+    on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
+    on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
+    steps = serve.metric_value(attention, "afd_steps_total", **on_attention)
     assert steps >= tokens
-    assert _value(ffn, "afd_steps_total", **on_ffn) == steps
-    assert _value(attention, "afd_tokens_total", **on_attention) >= tokens
-    assert _value(attention, "afd_exchange_seconds_count", **on_attention, layer="1") == steps
+    assert serve.metric_value(ffn, "afd_steps_total", **on_ffn) == steps
+    assert serve.metric_value(attention, "afd_tokens_total", **on_attention) >= tokens
+    assert (
+        serve.metric_value(attention, "afd_exchange_seconds_count", **on_attention, layer="1")
+        == steps
+    )
     for direction in ("sent", "received"):
-        assert _value(attention, "afd_bytes_total", **on_attention, direction=direction) > 0
-        assert _value(ffn, "afd_bytes_total", **on_ffn, direction=direction) > 0
-    assert _value(attention, "afd_peer_connected", **on_attention) == 1
-    assert _value(ffn, "afd_peer_connected", **on_ffn) == 1
+        assert (
+            serve.metric_value(attention, "afd_bytes_total", **on_attention, direction=direction)
+            > 0
+        )
+        assert serve.metric_value(ffn, "afd_bytes_total", **on_ffn, direction=direction) > 0
+    assert serve.metric_value(attention, "afd_peer_connected", **on_attention) == 1
+    assert serve.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1

@@ -182,6 +182,9 @@ def _start(
     ffns, attentions = [], []
     try:
         for k in range(topology.num_ffn_ranks):
+            # its workers' series in its /metrics (checked per TP lane below)
+            prometheus = logs / f"prometheus-{topology.name}-ffn{k}"
+            prometheus.mkdir()
             ffns.append(
                 serve.start_ffn(
                     f"{topology.name}-ffn{k}",
@@ -190,7 +193,7 @@ def _start(
                     logs,
                     {**afd, "rank_offset": k},
                     cpu=_cpus(k * topology.tp, topology.tp),
-                    env=DEV_MODE,
+                    env={**DEV_MODE, "PROMETHEUS_MULTIPROC_DIR": str(prometheus)},
                     eager=True,
                     extra=(*ENGINE_ARGS, *_tp_args(topology.tp)),
                 )
@@ -257,6 +260,22 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
             outputs = list(pool.map(_complete_all, attentions))
         for attention, tokens in zip(attentions, outputs, strict=True):
             assert tokens == baseline.tokens, attention.name
+
+        for ffn, peers in zip(ffns, topology.peers, strict=True):
+            # each TP lane's worker counts its own steps from each peer in /metrics (a series
+            # shared by the lanes would count them TP times): between the steps recorded
+            # before and after reading them (a DP dummy step may still be arriving)
+            before = [len(lane) for lane in serve.ffn_steps(ffn)]
+            counted = {
+                (lane, rank): serve.metric_value(
+                    ffn, "afd_steps_total", role="ffn", lane=str(lane), peer=f"attention{rank}"
+                )
+                for lane in range(topology.tp)
+                for rank in peers
+            }
+            after = [len(lane) for lane in serve.ffn_steps(ffn)]
+            for (lane, rank), steps in counted.items():
+                assert before[lane] <= steps <= after[lane], (ffn.name, lane, rank, steps)
 
         counts_of_rank: dict[int, list[int]] = {}  # Attention rank -> its count in every step
         uneven = 0

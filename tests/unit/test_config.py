@@ -499,7 +499,8 @@ def test_ffn_hosts_put_each_ffn_ranks_group_on_its_own_address() -> None:
         ),
         (
             {"ffn_hosts": ["10.0.0.2", "10.0.0.3"], "host": "10.0.0.2"},
-            "additional_config.afd.host with additional_config.afd.ffn_hosts is not allowed: both "
+            "additional_config.afd.host='10.0.0.2' with additional_config.afd.ffn_hosts="
+            "['10.0.0.2', '10.0.0.3'] is not allowed: both "
             "say where the rendezvous listens; allowed: one of them (ffn_hosts for FFN ranks on "
             "several nodes)",
         ),
