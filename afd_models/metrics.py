@@ -2,8 +2,8 @@
 
 The connectors live in vLLM's worker processes, and vLLM's API server serves the series of other
 processes only in ``prometheus_client``'s multiprocess mode: when ``PROMETHEUS_MULTIPROC_DIR``
-names a directory (vLLM sets it itself when it runs several API servers; otherwise the operator
-exports it, a fresh empty directory per server). Without it the series stay in the worker and
+names a directory (the operator sets it, a fresh empty directory per server; docs/user-guide.md
+says why also with several API servers). Without it the series stay in the worker and
 :func:`warn_if_unexported` says so once. Every series carries the worker's ``role``, role ``rank``
 and TP ``lane`` and the ``peer`` it talks to (``ffn0``, ``attention1``): multiprocess mode adds up
 the series of processes with equal labels, and each worker process counts its own exchanges.

@@ -676,13 +676,14 @@ class P2PFFNConnector(FFNConnector):
         return [self.group.attention_ranks[rank - 1] for rank in self.peers if rank not in channels]
 
     def _still_waiting(self, channels: dict[int, socket.socket], extra: P2PExtraConfig) -> None:
-        admitted = [self.group.attention_ranks[rank - 1] for rank in sorted(channels)]
+        missing = self._missing(channels)
+        admitted = [r for r in self.group.attention_ranks if r not in missing]
         logger.info(
             "%s: group %d at %s still waiting for attention ranks %s (admitted: %s), %.0f s of %.0f s",
             self._prefix,
             self.group.ffn_rank,
             self._group.where,
-            self._missing(channels),
+            missing,
             admitted or "none",
             time.monotonic() - self._group.started,
             extra.connect_timeout_s,
