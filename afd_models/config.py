@@ -8,7 +8,8 @@ settings live under ``connector_extra_config`` and are checked against the chose
 closed schema. Combinations are checked here too, naming both keys: the connector against the
 role, ``num_attention_ranks`` against ``num_ffn_ranks`` (the rule of
 :func:`afd_models.topology.check_topology`), ``port`` against ``num_ffn_ranks`` (FFN rank k
-listens on ``port + k``) and ``rank_offset`` against the role's rank count.
+listens on ``port + k``), ``rank_offset`` against the role's rank count, and
+``peer_restart_timeout_s`` against the connector.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ GATE_ON_FFN_CONNECTORS: frozenset[str] = frozenset({"CAMP2PAFDConnector"})
 #: it would compute inside vLLM's micro-batch threads, where vLLM's MoE kernels refuse to run
 #: (``assert not dbo_enabled()`` without an async all2all), and gloo moves no CUDA tensors
 DBO_CONNECTORS: frozenset[str] = frozenset({"NcclAFDConnector"})
+#: connectors that survive a restart of the peer role (``peer_restart_timeout_s``): gloo, whose
+#: waits end with the peer's sockets. An NCCL or CAM transfer pending on a vanished peer waits on
+#: the device, where only an abort ends it, and their watchdogs end the process instead.
+RESTART_CONNECTORS: frozenset[str] = frozenset({"GlooAFDConnector"})
 #: the connector of a section that names none, by platform
 PLATFORM_CONNECTORS: dict[str, str] = {
     "cpu": "GlooAFDConnector",
@@ -154,6 +159,11 @@ class AFDConfig:
     #: the other's compute (vLLM's DBO, thresholds from its ``--dbo-*-token-threshold`` flags);
     #: the FFN role follows each step's header and takes no setting
     dbo: bool = False
+    #: seconds a worker waits for a restarted peer role when its peer goes away: the Attention
+    #: role holds the step in flight and runs it again once a new FFN engine passed the
+    #: handshake; the FFN role waits for a new Attention engine. 0 (the default): the worker fails
+    #: at once, as it always did
+    peer_restart_timeout_s: float = 0.0
     #: the connector's own settings, already validated
     connector_extra_config: Any = field(default=None)
 
@@ -254,6 +264,18 @@ def _seconds(key: str, value: object) -> float:
     return float(value)
 
 
+def _seconds_or_off(key: str, value: object) -> float:
+    if value == 0 and not isinstance(value, bool):
+        return 0.0
+    try:
+        return _seconds(key, value)
+    except AFDConfigError:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} is not allowed; allowed: 0 (off) or a finite number of "
+            f"seconds > 0 and <= {MAX_TIMEOUT_S:.0f} (one year)"
+        ) from None
+
+
 def _core_num(key: str, value: object) -> int:
     return _integer(key, value, 1, MAX_CORE_NUM)
 
@@ -315,6 +337,7 @@ _FIELDS = (
     "rank_offset",
     "compute_gate_on_attention",
     "dbo",
+    "peer_restart_timeout_s",
     "connector_extra_config",
 )
 
@@ -407,6 +430,9 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             "compute_gate_on_attention", section.get("compute_gate_on_attention", False)
         ),
         dbo=_boolean("dbo", section.get("dbo", False)),
+        peer_restart_timeout_s=_seconds_or_off(
+            "peer_restart_timeout_s", section.get("peer_restart_timeout_s", 0)
+        ),
         connector_extra_config=_extra(connector, section.get("connector_extra_config", {})),
     )
     if "ffn_hosts" in section:
@@ -430,6 +456,22 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             f"{_where('dbo')}=true with {_where('connector')}={connector!r} is not allowed: the "
             "micro-batches overlap their exchanges with an FFN engine of its own, on CUDA; "
             f"allowed connectors: {', '.join(sorted(DBO_CONNECTORS))}"
+        )
+    if config.peer_restart_timeout_s and connector not in RESTART_CONNECTORS:
+        raise AFDConfigError(
+            f"{_where('peer_restart_timeout_s')}={config.peer_restart_timeout_s:g} with "
+            f"{_where('connector')}={connector!r} is not allowed: only a connector whose waits end "
+            "when the peer goes away can wait for a restarted one; allowed: 0 with this "
+            f"connector, or the connector {', '.join(sorted(RESTART_CONNECTORS))}"
+        )
+    if config.peer_restart_timeout_s and config.num_attention_ranks != config.num_ffn_ranks:
+        raise AFDConfigError(
+            f"{_where('peer_restart_timeout_s')}={config.peer_restart_timeout_s:g} with "
+            f"{_where('num_attention_ranks')}={config.num_attention_ranks} and "
+            f"{_where('num_ffn_ranks')}={config.num_ffn_ranks} is not allowed: an FFN rank with "
+            "several Attention peers would hold every peer's steps while one restarts, which is "
+            "not built yet; allowed: num_attention_ranks == num_ffn_ranks (one peer per FFN "
+            "rank), or peer_restart_timeout_s=0"
         )
     if config.is_attention and getattr(config.connector_extra_config, "force_load_balance", False):
         raise AFDConfigError(

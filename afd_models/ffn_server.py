@@ -4,6 +4,10 @@ It runs in a background thread of the FFN worker (vLLM's EngineCore has no reque
 there). The main thread never runs a forward on the FFN role, so setting vLLM's process-global
 forward context from this thread is safe. A failure ends the loop and is kept; the worker decides
 what a failure means (in ``vllm serve`` it ends the worker process, so the engine reports it).
+
+With ``peer_restart_timeout_s`` (and a ``reconnect`` step), Attention peers that go away are
+waited for instead: the server closes its connector, hosts the group again and serves whichever
+Attention engine passes the handshake within that time (a restarted one); the model stays loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -194,6 +199,7 @@ class FFNServer:
         on_failure: Callable[[BaseException], None] | None = None,
         accelerator: Any = None,
         forward_context: ForwardContext = vllm_forward_context,
+        reconnect: Callable[..., FFNConnector] | None = None,
     ):
         self.model = model
         self.forward_context = forward_context
@@ -207,6 +213,12 @@ class FFNServer:
         self.dtype = dtype
         afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
         self.num_attention_ranks, self.num_ffn_ranks = afd.num_attention_ranks, afd.num_ffn_ranks
+        #: hosts the group again once the peers left (None: the server fails instead); called
+        #: with ``stop``, an event that ends its wait early
+        self.reconnect = reconnect if afd.peer_restart_timeout_s else None
+        self.restart_timeout_s = afd.peer_restart_timeout_s
+        #: times the Attention peers left and new ones connected
+        self.reconnects = 0
         self.group = connector.group  # its peers, in the order of their step headers
         self.on_failure = on_failure
         self.steps = 0
@@ -225,7 +237,7 @@ class FFNServer:
     def _run(self) -> None:
         try:
             with device_scope(self.device, self.accelerator):
-                self._serve()
+                self._serve_across_restarts()
         except BaseException as exc:  # kept and reported; the thread must not die silently
             if not self._stop.is_set():  # an error while stopping is the interruption itself
                 self.error = exc
@@ -234,6 +246,41 @@ class FFNServer:
                     self.on_failure(exc)
         logger.info(
             "AFD FFN server: stopped after %d steps; counters %s", self.steps, self.counters()
+        )
+
+    def _serve_across_restarts(self) -> None:
+        while True:
+            try:
+                self._serve()
+                return
+            except AFDConnectionError as exc:
+                if self.reconnect is None or self._stop.is_set():
+                    raise
+                self._wait_for_new_peers(exc)
+
+    def _wait_for_new_peers(self, gone: AFDConnectionError) -> None:
+        """The peers left (``gone``): close the connector and connect a new one, which waits up
+        to ``peer_restart_timeout_s`` for restarted Attention peers (or raises)."""
+        logger.warning(
+            "AFD FFN server: the Attention peers %s left after %d steps (%s); waiting up to "
+            "%.0f s (peer_restart_timeout_s) for a restarted Attention engine",
+            list(self.group.attention_ranks),
+            self.steps,
+            gone,
+            self.restart_timeout_s,
+        )
+        assert self.reconnect is not None
+        self.connector.close()
+        started = time.monotonic()
+        connector = self.reconnect(stop=self._stop)
+        self.connector = connector
+        self.reconnects += 1
+        for metrics in connector.metrics:
+            metrics.reconnected()
+        logger.info(
+            "AFD FFN server: Attention peers %s connected again after %.1f s; serving",
+            list(self.group.attention_ranks),
+            time.monotonic() - started,
         )
 
     def _serve(self) -> None:

@@ -17,6 +17,8 @@ series                      type       what
 ``afd_tokens_total``        counter    tokens of those steps (the peer's rows on the FFN side)
 ``afd_bytes_total``         counter    activation bytes ``sent`` to or ``received`` from the peer
 ``afd_peer_connected``      gauge      1 once the peer passed the handshake, 0 after the connector closed
+``afd_reconnects_total``    counter    connections formed again after the peer left and a restarted
+                                       one passed the handshake (``peer_restart_timeout_s``)
 ==========================  =========  ===============================================================
 """
 
@@ -76,6 +78,12 @@ PEER_CONNECTED = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+RECONNECTS = Counter(
+    "afd_reconnects",
+    "AFD: connections formed again after the peer left and a restarted one passed the handshake",
+    PEER_LABELS,
+)
+
 _warned = False
 
 
@@ -101,12 +109,18 @@ class PeerMetrics:
         self._sent = BYTES.labels(**labels, direction="sent")
         self._received = BYTES.labels(**labels, direction="received")
         self._connected = PEER_CONNECTED.labels(**labels)
+        self._reconnects = RECONNECTS.labels(**labels)
         #: each layer's latency histogram, looked up once (the lookup costs as much as a sample)
         self._exchanges: dict[int, Any] = {}
         warn_if_unexported()
 
     def connected(self, up: bool) -> None:
         self._connected.set(1 if up else 0)
+
+    def reconnected(self) -> None:
+        """The connection formed again with a restarted peer (and is up)."""
+        self._reconnects.inc()
+        self.connected(True)
 
     def step(self, tokens: int) -> None:
         self._steps.inc()

@@ -7,12 +7,15 @@ decorators and graph wrapper; their bodies call these for the part that is the s
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from vllm.distributed import get_tensor_model_parallel_rank
 
-from afd_models.connectors.base import AFDConnector, FFNConnector
+from afd_models.config import Role, require_afd_config
+from afd_models.connectors.base import AFDConnectionError, AFDConnector, FFNConnector
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.graphs import (
@@ -22,8 +25,10 @@ from afd_models.graphs import (
     FFNGraphs,
     GraphCounters,
 )
-from afd_models.log import exit_process
+from afd_models.log import exit_process, get_logger
 from afd_models.models.remote import bind_connector
+
+logger = get_logger(__name__)
 
 
 def load_attention(
@@ -62,7 +67,9 @@ def start_ffn_server(
     device_graphs: bool,
     forward_context: ForwardContext = vllm_forward_context,
 ) -> FFNServer:
-    """Serve the Attention peers from a background thread; a failure ends the process.
+    """Serve the Attention peers from a background thread; a failure ends the process. With
+    ``peer_restart_timeout_s``, Attention peers that leave are waited for instead (the server
+    hosts the group again, see :class:`~afd_models.ffn_server.FFNServer`).
 
     With ``device_graphs`` on a device that has them (CUDA, NPU), steps every peer replays from
     a graph run from FFN graphs (afd_models.graphs); otherwise every step runs eagerly. Each
@@ -84,9 +91,55 @@ def start_ffn_server(
         graphs=graphs,
         on_failure=exit_process,
         forward_context=forward_context,
+        reconnect=_ffn_reconnect(runner),
     )
     server.start()
     return server
+
+
+def _ffn_reconnect(runner: Any) -> Callable[..., FFNConnector] | None:
+    """How the FFN server connects again once its peers left: the worker's connect step, with
+    the loaded model and ``peer_restart_timeout_s`` as its connect timeout (None when off)."""
+    afd = require_afd_config(runner.vllm_config.additional_config, role=Role.FFN)
+    if not afd.peer_restart_timeout_s:
+        return None
+    connect = prepare_ffn(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
+    return functools.partial(
+        connect, runner.get_model(), connect_timeout_s=afd.peer_restart_timeout_s
+    )
+
+
+def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
+    """The Attention model's forward (``forward``, upstream's ``_model_forward``), run again
+    after a restarted FFN engine connected when the FFN role went away during it.
+
+    Running it again only rewrites the KV-cache slots the first run wrote, with the same values:
+    sampling comes after the forward, and the step's inputs are prepared before it. The retries
+    of one step share one ``peer_restart_timeout_s``; past it (or when it is 0) the error goes
+    up as before.
+    """
+    deadline = None
+    while True:
+        try:
+            return forward()
+        except AFDConnectionError as exc:
+            now = time.monotonic()
+            if deadline is None:  # the config is read off the hot path, on the first failure
+                afd = require_afd_config(runner.vllm_config.additional_config)
+                deadline = now + afd.peer_restart_timeout_s
+            if now >= deadline:
+                raise
+            logger.warning(
+                "AFD Attention: the FFN role went away during a step (%s); holding the step "
+                "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
+                exc,
+                deadline - now,
+            )
+            runner.afd_connector.reconnect(deadline - now)
+            logger.info(
+                "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
+                time.monotonic() - now,
+            )
 
 
 def stop_role(runner: Any) -> None:
@@ -98,7 +151,8 @@ def stop_role(runner: Any) -> None:
     if steps is not None:
         steps.report()
     server = getattr(runner, "afd_server", None)
-    connector = getattr(runner, "afd_connector", None)
+    # after a restart of its peers, the server serves through a connector of its own
+    connector = server.connector if server is not None else getattr(runner, "afd_connector", None)
     try:
         if server is not None:
             server.stop()

@@ -499,6 +499,8 @@ class FFNConnector(ABC):
 
     #: this FFN rank and its Attention peers, in the order ``wait_step`` returns their headers
     group: Group
+    #: the Prometheus series of each peer, in peer order (none by default)
+    metrics: Sequence[PeerMetrics] = ()
 
     @abstractmethod
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:

@@ -3,13 +3,17 @@ loaded model (whose :class:`~afd_models.connectors.base.Fingerprint` the connect
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
+import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
+from vllm import envs
 from vllm.config import VllmConfig
 
 from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
@@ -32,7 +36,50 @@ _UNIDENTIFYING_KEYS = ("_name_or_path", "transformers_version")
 
 #: the Attention worker's connect step, called with the loaded model
 AttentionConnect = Callable[[nn.Module], AFDConnector]
-FFNConnect = Callable[[nn.Module], FFNConnector]
+
+
+class FFNConnect(Protocol):
+    """The FFN worker's connect step: with the loaded model, host the group and wait for the
+    Attention peers; again with ``connect_timeout_s`` and ``stop`` when they left (a restart,
+    which only the gloo connector takes: the config refuses it with the others)."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        *,
+        connect_timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> FFNConnector: ...
+
+
+def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
+    """Refuse ``peer_restart_timeout_s`` where a step cannot simply run again: a worker with TP
+    or DP partners (they would re-enter their collectives at different layers), or a step longer
+    than the multiprocess executor waits for (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
+    restart = afd.peer_restart_timeout_s
+    if not restart:
+        return
+    key = f"additional_config.afd.peer_restart_timeout_s={restart:g}"
+    parallel = vllm_config.parallel_config
+    for flag, size in (
+        ("--tensor-parallel-size", parallel.tensor_parallel_size),
+        ("--data-parallel-size", parallel.data_parallel_size),
+    ):
+        if size > 1:
+            raise AFDConfigError(
+                f"{key} with {flag}={size} is not allowed: a restarted peer is waited for by each "
+                f"worker alone, and its partners would re-run the step from other layers; "
+                f"allowed: {flag}=1, or peer_restart_timeout_s=0"
+            )
+    timeout_s = afd.connector_extra_config.timeout_s
+    limit = envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+    if parallel.distributed_executor_backend == "mp" and restart + timeout_s >= limit:
+        raise AFDConfigError(
+            f"{key} with connector_extra_config.timeout_s={timeout_s:g} is not allowed with "
+            f"--distributed-executor-backend mp: a step may wait {restart + timeout_s:g} s, and "
+            f"the executor gives a step VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={limit} s; allowed: "
+            f"peer_restart_timeout_s + timeout_s < {limit} (or raise that variable)"
+        )
 
 
 def worker_role_rank(vllm_config: VllmConfig) -> int:
@@ -138,6 +185,7 @@ def prepare_attention(
     from afd_models.models.remote import remote_layers
 
     rank = worker_role_rank(vllm_config)
+    check_restart(vllm_config, afd)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     try:
         group = group_of_attention(
@@ -197,6 +245,7 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
     """
     afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
     rank = worker_role_rank(vllm_config)
+    check_restart(vllm_config, afd)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     group = group_of_ffn(
         rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
@@ -205,7 +254,12 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
     extra = afd.connector_extra_config
     cam_ops = load_cam_p2p_ops(extra.core_num) if afd.connector == "CAMP2PAFDConnector" else None
 
-    def connect(model: nn.Module) -> FFNConnector:
+    def connect(
+        model: nn.Module,
+        *,
+        connect_timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> FFNConnector:
         presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
         if afd.connector == "CAMP2PAFDConnector":
             from afd_models.connectors.cam import CAMP2PFFNConnector
@@ -217,6 +271,9 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
             return NcclFFNConnector(host, group, extra, presented, device=device)
         from afd_models.connectors.gloo import GlooFFNConnector
 
-        return GlooFFNConnector(host, group, extra, presented)
+        waits = extra
+        if connect_timeout_s is not None:
+            waits = dataclasses.replace(extra, connect_timeout_s=connect_timeout_s)
+        return GlooFFNConnector(host, group, waits, presented, stop=stop)
 
     return connect

@@ -4,6 +4,7 @@ group's own store. vLLM's CPU platform runs it; tensors of any other device are 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -110,5 +111,9 @@ class GlooFFNConnector(P2PFFNConnector):
         group: Group,
         extra: P2PExtraConfig,
         fingerprint: Fingerprint | None = None,
+        *,
+        stop: threading.Event | None = None,
     ):
-        super().__init__(host, group, extra, fingerprint, plane=GlooDataPlane(extra.timeout_s))
+        super().__init__(
+            host, group, extra, fingerprint, plane=GlooDataPlane(extra.timeout_s), stop=stop
+        )

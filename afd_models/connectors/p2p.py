@@ -41,6 +41,7 @@ serves graphs.
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import socket
 import struct
@@ -79,7 +80,8 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 STEPS_KEY = "step-channel-port"
 #: seconds between two "still waiting" lines while a rendezvous waits for the other role
 PROGRESS_EVERY_S = 30.0
-#: seconds between two probes of the FFN worker's store while the Attention side waits for it
+#: seconds between two probes of the FFN worker's store while the Attention side waits for it,
+#: and the longest the FFN side waits in one accept before it looks at its stop event again
 PROBE_EVERY_S = 0.5
 _RANK = struct.Struct("!q")
 #: an FFN worker's answer on a step channel during the handshake: a kind, then a UTF-8 text
@@ -368,21 +370,9 @@ class P2PAttentionConnector(AFDConnector):
         self._steps: socket.socket | None = None
         self._watchdog: _PeerWatchdog | None = None
         self.fingerprint = fingerprint or Fingerprint.bare(attention_rank)
-        self._group = _Rendezvous(
-            host,
-            group,
-            group.group_rank_of_attention(attention_rank),
-            extra,
-            "attention",
-            plane,
-            self.progress_every_s,
-        )
-        self._prefix = self._group.prefix
+        self._host, self._extra, self._on_peer_gone = host, extra, on_peer_gone
+        self._group = self._connect(group, plane, extra)
         try:
-            self._steps = self._connect_step_channel(extra)
-            self._group.form()
-            if plane.waits_on_device:
-                self._watchdog = _PeerWatchdog(self._steps, self._group, on_peer_gone)
             self.metrics = PeerMetrics(
                 "attention", attention_rank, group.lane, f"ffn{group.ffn_rank}"
             )
@@ -390,6 +380,48 @@ class P2PAttentionConnector(AFDConnector):
         except BaseException:
             self.close()
             raise
+
+    def _connect(self, group: Group, plane: DataPlane, extra: P2PExtraConfig) -> _Rendezvous:
+        """Join the group's rendezvous, pass the handshake and form the data plane (within
+        ``extra.connect_timeout_s``); whatever was opened is closed if any of it fails."""
+        rendezvous = _Rendezvous(
+            self._host,
+            group,
+            group.group_rank_of_attention(self.fingerprint.role_rank),
+            extra,
+            "attention",
+            plane,
+            self.progress_every_s,
+        )
+        self._group, self._prefix = rendezvous, rendezvous.prefix
+        try:
+            self._steps = self._connect_step_channel(extra)
+            rendezvous.form()
+            if plane.waits_on_device:
+                self._watchdog = _PeerWatchdog(self._steps, rendezvous, self._on_peer_gone)
+        except BaseException:
+            self.close()
+            raise
+        return rendezvous
+
+    def reconnect(self, connect_timeout_s: float) -> None:
+        """Close the connection to a vanished FFN worker and connect again to whichever FFN
+        worker hosts the group next (a restarted one), waiting up to ``connect_timeout_s``. The
+        step in progress is dropped: the caller runs its forward again from the first layer.
+
+        Raises:
+            AFDConnectionError: no FFN worker passed the handshake within ``connect_timeout_s``.
+        """
+        self.close()
+        self._watchdog = None
+        self._pending.clear()
+        self._header = None
+        self._next, self._plan, self.ubatches, self._step = [0], None, (), -1
+        group = self._group
+        extra = dataclasses.replace(self._extra, connect_timeout_s=connect_timeout_s)
+        self._connect(group.group, group.plane, extra)
+        if self.metrics is not None:
+            self.metrics.reconnected()
 
     def _connect_step_channel(self, extra: P2PExtraConfig) -> socket.socket:
         """Open the step channel and pass the handshake; the channel is closed if either fails."""
@@ -587,6 +619,7 @@ class P2PFFNConnector(FFNConnector):
         fingerprint: Fingerprint | None = None,
         *,
         plane: DataPlane,
+        stop: threading.Event | None = None,
     ):
         self.group = group
         self.idle_timeout_s = extra.idle_timeout_s
@@ -610,7 +643,7 @@ class P2PFFNConnector(FFNConnector):
             self._group.close()
             raise
         try:
-            self._channels = self._accept_step_channels(host, extra)
+            self._channels = self._accept_step_channels(host, extra, stop)
             self._group.form()
             self.metrics = [
                 PeerMetrics("ffn", group.ffn_rank, group.lane, f"attention{r}")
@@ -622,12 +655,16 @@ class P2PFFNConnector(FFNConnector):
             self.close()
             raise
 
-    def _accept_step_channels(self, host: str, extra: P2PExtraConfig) -> list[socket.socket]:
+    def _accept_step_channels(
+        self, host: str, extra: P2PExtraConfig, stop: threading.Event | None
+    ) -> list[socket.socket]:
         """One TCP connection per Attention peer, in peer order, each past the handshake; on
-        failure every channel is closed, and the peers accepted so far are told why."""
+        failure (or once ``stop`` is set) every channel is closed, and the peers accepted so far
+        are told why."""
         channels: dict[int, socket.socket] = {}
         # one connect timeout for the whole rendezvous, as the progress lines count it
         deadline = self._group.started + extra.connect_timeout_s
+        report = self._group.started + self.progress_every_s
         try:
             with socket.create_server((host, 0)) as listener:
                 self._group.publish_step_port(listener.getsockname()[1])
@@ -638,11 +675,19 @@ class P2PFFNConnector(FFNConnector):
                             f"{self._prefix}: attention ranks {self._missing(channels)} did not "
                             f"open their step channel within {extra.connect_timeout_s:.0f} s"
                         )
-                    listener.settimeout(min(remaining, self.progress_every_s))
+                    if stop is not None and stop.is_set():
+                        raise AFDConnectionError(
+                            f"{self._prefix}: stopped while waiting for attention ranks "
+                            f"{self._missing(channels)}"
+                        )
+                    # short slices: a stop is seen within one, progress is said every interval
+                    listener.settimeout(min(remaining, PROBE_EVERY_S))
                     try:
                         channel, _ = listener.accept()
                     except TimeoutError:
-                        self._still_waiting(channels, extra)
+                        if time.monotonic() >= report:
+                            report += self.progress_every_s
+                            self._still_waiting(channels, extra)
                         continue
                     except OSError as exc:
                         raise AFDConnectionError(
@@ -845,7 +890,10 @@ class P2PFFNConnector(FFNConnector):
         self._group.start(transfers, f"send of layer {layer_idx}{_of(ubatch)}")()
 
     def interrupt(self) -> None:
-        self._wake_writer.send(b"\0")
+        try:
+            self._wake_writer.send(b"\0")
+        except OSError:  # closed: nothing waits on it
+            pass
 
     def close(self) -> None:
         for channel in self._channels:

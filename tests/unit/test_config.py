@@ -551,3 +551,48 @@ def test_the_multi_node_recipes_are_whole_deployments() -> None:
         assert covered == list(range(a)), covered
         for first, dp in attention:
             check_attention_engine(first, dp, a, f)
+
+
+def test_peer_restart_timeout_is_off_by_default_and_gloo_only() -> None:
+    """0 (off) unless set; a positive number of seconds with the gloo connector; refused with a
+    connector whose waits a vanished peer does not end, or with a bad value, naming the keys."""
+    assert parse_afd_config({"role": "ffn"}).peer_restart_timeout_s == 0
+    assert (
+        parse_afd_config({"role": "ffn", "peer_restart_timeout_s": 0}).peer_restart_timeout_s == 0
+    )
+    on = parse_afd_config({"role": "attention", "peer_restart_timeout_s": 120})
+    assert on.peer_restart_timeout_s == 120.0
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config(
+            {"role": "attention", "connector": "NcclAFDConnector", "peer_restart_timeout_s": 60}
+        )
+    assert str(raised.value) == (
+        "additional_config.afd.peer_restart_timeout_s=60 with additional_config.afd.connector="
+        "'NcclAFDConnector' is not allowed: only a connector whose waits end when the peer goes "
+        "away can wait for a restarted one; allowed: 0 with this connector, or the connector "
+        "GlooAFDConnector"
+    )
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "num_attention_ranks": 2, "peer_restart_timeout_s": 60})
+    assert str(raised.value).startswith(
+        "additional_config.afd.peer_restart_timeout_s=60 with additional_config.afd."
+        "num_attention_ranks=2 and additional_config.afd.num_ffn_ranks=1 is not allowed"
+    )
+    assert (
+        parse_afd_config(
+            {
+                "role": "ffn",
+                "num_attention_ranks": 2,
+                "num_ffn_ranks": 2,
+                "peer_restart_timeout_s": 60,
+            }
+        ).peer_restart_timeout_s
+        == 60
+    )
+    for bad in (-1, True, "60", float("inf")):
+        with pytest.raises(AFDConfigError) as raised:
+            parse_afd_config({"role": "ffn", "peer_restart_timeout_s": bad})
+        assert str(raised.value) == (
+            f"additional_config.afd.peer_restart_timeout_s={bad!r} is not allowed; allowed: 0 "
+            "(off) or a finite number of seconds > 0 and <= 31536000 (one year)"
+        )

@@ -4,24 +4,33 @@ One declaration per role generates a subclass of each base. The Attention runner
 connector before loading the model (config checks; a loopback connector builds its FFN half
 first), connects to the FFN role once the model is loaded (the handshake compares the loaded
 models; the FFN role computes during vLLM's profiling forward, which comes later) and binds the
-connector to the model's remote proxies; the FFN runner loads the FFN half, connects and serves
+connector to the model's remote proxies, and runs a step again when its FFN peer was restarted
+during it (``peer_restart_timeout_s``); the FFN runner loads the FFN half, connects and serves
 steps.
 """
 
 import functools
+from typing import Any
 
 import numpy as np
 import torch
 from vllm.compilation.cuda_graph import CUDAGraphStat, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor
+from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
 from afd_models.dbo import split_single_rank
 from afd_models.ffn_server import FFNServer
 from afd_models.generated import generated_subclass
-from afd_models.runner_roles import load_attention, load_ffn, start_ffn_server, stop_role
+from afd_models.runner_roles import (
+    forward_across_restarts,
+    load_attention,
+    load_ffn,
+    start_ffn_server,
+    stop_role,
+)
 from codegen.markers import delta, extend, override, subclass
 
 RUNNER_BASES = ("CPUModelRunner", "vllm.v1.worker.gpu_model_runner:GPUModelRunner")
@@ -67,6 +76,27 @@ class AFDAttentionModelRunner(CPUModelRunner):
             wrapper = generated_subclass("AFDUBatchWrapper", UBatchWrapper)
             self.model = wrapper(self.model.unwrap(), self.vllm_config, mode, self.device)
             self.model.bind_afd_steps(self.afd_graph_steps)
+
+    @override
+    def _model_forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **model_kwargs: dict[str, Any],
+    ) -> Any:
+        # upstream's override point for the forward alone: a step whose FFN peer went away runs
+        # again here, once a restarted one connected (execute_model around it must not repeat)
+        forward = functools.partial(
+            super()._model_forward,
+            input_ids=input_ids,
+            positions=positions,
+            intermediate_tensors=intermediate_tensors,
+            inputs_embeds=inputs_embeds,
+            **model_kwargs,
+        )
+        return forward_across_restarts(self, forward)
 
     @override
     def _determine_batch_execution_and_padding(

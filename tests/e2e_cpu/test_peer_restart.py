@@ -1,0 +1,152 @@
+"""A role restart under load, with ``peer_restart_timeout_s``: real ``vllm serve`` engines on
+127.0.0.1, the Attention engine in vLLM's default compiled mode.
+
+The FFN engine is killed (SIGKILL of its process group) while requests stream, and a new one is
+started on the same rendezvous port: the Attention engine stays healthy, holds the step in
+flight, runs it again on the new FFN engine, and no request fails; every completion equals the
+one the pair gave before the kill, token for token. Then the Attention engine is killed and
+restarted: the FFN engine stays up, waits for it, and serves it. Each side's
+``afd_reconnects_total`` counts its reconnect. At the end nothing is left running and every port
+is free.
+
+Requests run with ``--max-num-seqs 1`` and no prefix caching, so every completion of a prompt is
+computed in the same batch shapes (test_serve_pair.py says why that matters on the CPU).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from afd_models.testing import serve
+
+PROMPTS = ["Hello world, the license", "The quick brown fox", "Attention and experts"]
+MAX_TOKENS = 16
+RESTART_S = 240
+START_TIMEOUT_S = 600
+#: what the Attention engine's requests may take while an FFN engine restarts
+REQUEST_TIMEOUT_S = RESTART_S + 60
+SAME_BATCHES = ("--max-num-seqs", "1", "--no-enable-prefix-caching")
+
+pytestmark = pytest.mark.primary_release
+
+
+class Load:
+    """Requests sent one after another from a thread until stopped: each prompt's tokens, or the
+    error it got."""
+
+    def __init__(self, server: serve.Server):
+        self.server = server
+        self.results: list[tuple[str, list[int] | str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            prompt = PROMPTS[index % len(PROMPTS)]
+            index += 1
+            try:
+                tokens: list[int] | str = serve.complete(
+                    self.server, prompt, MAX_TOKENS, REQUEST_TIMEOUT_S
+                )
+            except serve.ServerError as exc:
+                tokens = str(exc)
+            self.results.append((prompt, tokens))
+
+    def wait_for(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.results) < count:
+            assert time.monotonic() < deadline, f"{len(self.results)} of {count} requests done"
+            time.sleep(0.2)
+
+    def stop(self) -> list[tuple[str, list[int] | str]]:
+        self._stop.set()
+        self._thread.join(REQUEST_TIMEOUT_S)
+        return self.results
+
+
+def _wait_for_line(server: serve.Server, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in server.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, (
+            f"{server.name} never logged {text!r}:\n{server.log_tail()}"
+        )
+        time.sleep(0.5)
+
+
+def test_either_role_restarts_under_load_without_losing_a_request(
+    model: Path, logs: Path, tmp_path: Path
+) -> None:
+    afd = {
+        "port": serve.free_port(),
+        "peer_restart_timeout_s": RESTART_S,
+        "connector_extra_config": {"timeout_s": 10, "connect_timeout_s": 300},
+    }
+    on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
+    on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
+
+    def prometheus(name: str) -> dict[str, str]:
+        directory = tmp_path / f"prometheus-{name}"
+        directory.mkdir()
+        return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
+
+    ffn_port, attention_port = serve.free_port(), serve.free_port()
+    start_ffn: Callable[[str], serve.Server] = lambda name: serve.start_ffn(  # noqa: E731
+        name, model, ffn_port, logs, afd, cpu=serve.cpu(1), env=prometheus(name)
+    )
+    start_attention: Callable[[str], serve.Server] = lambda name: serve.start_attention(  # noqa: E731
+        name,
+        model,
+        attention_port,
+        logs,
+        afd,
+        cpu=serve.cpu(0),
+        extra=SAME_BATCHES,
+        env=prometheus(name),
+    )
+    servers = [start_ffn("restart-ffn-1"), start_attention("restart-attention-1")]
+    ffn, attention = servers
+    try:
+        serve.wait_ready(servers, START_TIMEOUT_S)
+        expected = {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS}
+
+        # --- the FFN engine dies under load and a new one takes its place
+        load = Load(attention)
+        load.wait_for(2, 120)
+        serve.kill_group(ffn)
+        time.sleep(3)  # the step in flight is held, the engine stays up and takes requests
+        assert serve.health(attention) == 200
+        ffn = start_ffn("restart-ffn-2")
+        servers.append(ffn)
+        _wait_for_line(attention, "running the step again", REQUEST_TIMEOUT_S)
+        done = len(load.results)
+        load.wait_for(done + 3, REQUEST_TIMEOUT_S)
+        results = load.stop()
+        assert [r for r in results if r[1] != expected[r[0]]] == []
+        assert serve.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
+        assert serve.metric_value(attention, "afd_peer_connected", **on_attention) == 1
+
+        # --- the Attention engine dies; the FFN engine waits for the restarted one
+        serve.wait_ready([ffn], START_TIMEOUT_S)  # its API server comes up after it connected
+        serve.kill_group(attention)
+        _wait_for_line(ffn, "waiting up to 240 s (peer_restart_timeout_s)", 60)
+        assert serve.health(ffn) == 200 and ffn.alive()
+        attention = start_attention("restart-attention-2")
+        servers.append(attention)
+        serve.wait_ready([attention], START_TIMEOUT_S)
+        assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
+        assert serve.ran_compiled(attention), attention.log_tail()
+        assert serve.metric_value(ffn, "afd_reconnects_total", **on_ffn) == 1
+        assert serve.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1
+    finally:
+        codes = {s.name: serve.stop(s) for s in reversed(servers)}
+    assert not any(serve.group_alive(s) for s in servers)
+    for port in (afd["port"], ffn_port, attention_port):
+        assert serve.port_is_free(port), port
+    assert codes[attention.name] is not None and codes[ffn.name] is not None
