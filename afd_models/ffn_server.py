@@ -26,6 +26,7 @@ from vllm.forward_context import set_forward_context
 from afd_models.config import Role, require_afd_config
 from afd_models.connectors.base import (
     AFDConnectionError,
+    AFDPeerGoneError,
     FFNConnector,
     StepHeader,
     peer_counts,
@@ -253,14 +254,17 @@ class FFNServer:
             try:
                 self._serve()
                 return
-            except AFDConnectionError as exc:
+            except AFDPeerGoneError as exc:
                 if self.reconnect is None or self._stop.is_set():
                     raise
-                self._wait_for_new_peers(exc)
+                gone = str(exc)
+            # outside the except: the error's frames hold the old data plane, whose store
+            # keeps the group's port until they go
+            self._wait_for_new_peers(gone)
 
-    def _wait_for_new_peers(self, gone: AFDConnectionError) -> None:
-        """The peers left (``gone``): close the connector and connect a new one, which waits up
-        to ``peer_restart_timeout_s`` for restarted Attention peers (or raises)."""
+    def _wait_for_new_peers(self, gone: str) -> None:
+        """The peers left (``gone`` says how): close the connector and connect a new one, which
+        waits up to ``peer_restart_timeout_s`` for restarted Attention peers (or raises)."""
         logger.warning(
             "AFD FFN server: the Attention peers %s left after %d steps (%s); waiting up to "
             "%.0f s (peer_restart_timeout_s) for a restarted Attention engine",
@@ -274,6 +278,9 @@ class FFNServer:
         started = time.monotonic()
         connector = self.reconnect(stop=self._stop)
         self.connector = connector
+        if self._stop.is_set():  # stopped during the handshake: the stopper closed the old one
+            connector.close()
+            return
         self.reconnects += 1
         for metrics in connector.metrics:
             metrics.reconnected()

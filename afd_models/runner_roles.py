@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from vllm.distributed import get_tensor_model_parallel_rank
 
 from afd_models.config import Role, require_afd_config
-from afd_models.connectors.base import AFDConnectionError, AFDConnector, FFNConnector
+from afd_models.connectors.base import AFDConnector, AFDPeerGoneError, FFNConnector
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.graphs import (
@@ -114,32 +114,34 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
     after a restarted FFN engine connected when the FFN role went away during it.
 
     Running it again only rewrites the KV-cache slots the first run wrote, with the same values:
-    sampling comes after the forward, and the step's inputs are prepared before it. The retries
-    of one step share one ``peer_restart_timeout_s``; past it (or when it is 0) the error goes
-    up as before.
+    sampling comes after the forward, and the step's inputs are prepared before it. Only a peer
+    that went away (:class:`AFDPeerGoneError`) is waited for; the retries of one step share one
+    ``peer_restart_timeout_s``, and past it (or when it is 0) the error goes up as before.
     """
     deadline = None
     while True:
         try:
             return forward()
-        except AFDConnectionError as exc:
+        except AFDPeerGoneError as exc:
             now = time.monotonic()
             if deadline is None:  # the config is read off the hot path, on the first failure
                 afd = require_afd_config(runner.vllm_config.additional_config)
                 deadline = now + afd.peer_restart_timeout_s
             if now >= deadline:
                 raise
-            logger.warning(
-                "AFD Attention: the FFN role went away during a step (%s); holding the step "
-                "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
-                exc,
-                deadline - now,
-            )
-            runner.afd_connector.reconnect(deadline - now)
-            logger.info(
-                "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
-                time.monotonic() - now,
-            )
+            gone = str(exc)
+        # outside the except: the error's frames hold the old data plane until they go
+        logger.warning(
+            "AFD Attention: the FFN role went away during a step (%s); holding the step "
+            "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
+            gone,
+            deadline - now,
+        )
+        runner.afd_connector.reconnect(deadline - now)
+        logger.info(
+            "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
+            time.monotonic() - now,
+        )
 
 
 def stop_role(runner: Any) -> None:
@@ -151,12 +153,13 @@ def stop_role(runner: Any) -> None:
     if steps is not None:
         steps.report()
     server = getattr(runner, "afd_server", None)
-    # after a restart of its peers, the server serves through a connector of its own
-    connector = server.connector if server is not None else getattr(runner, "afd_connector", None)
+    connector = getattr(runner, "afd_connector", None)
     try:
         if server is not None:
             server.stop()
     finally:
+        # after a restart of its peers, the server serves through a connector of its own
+        connector = server.connector if server is not None else connector
         if connector is not None:
             connector.close()
 

@@ -57,6 +57,13 @@ class AFDConnectionError(RuntimeError):
     """The peer role did not answer in time, closed the connection, or sent something unexpected."""
 
 
+class AFDPeerGoneError(AFDConnectionError):
+    """The peer role went away during an exchange: it closed its connection, or sent nothing
+    within ``timeout_s``. With ``peer_restart_timeout_s`` a restarted peer may take its place;
+    every other :class:`AFDConnectionError` (a malformed or mismatched exchange, an idle timeout)
+    ends the worker as before."""
+
+
 @dataclass(frozen=True)
 class StepHeader:
     """What the FFN side needs to know before a step's tensors arrive."""
@@ -327,6 +334,15 @@ class AFDConnector(ABC):
         self.stats = ExchangeStats()
         #: the Prometheus series of the connection, once a peer is connected (none in process)
         self.metrics: PeerMetrics | None = None
+        self._reset_steps()
+        #: a CUDA graph is being captured: the exchange is recorded, not announced
+        self.is_capturing = False
+        #: the header of each captured step, by token count, announced at its replays
+        self._captured: dict[int, StepHeader] = {}
+
+    def _reset_steps(self) -> None:
+        """No step in progress, none planned, and the next one announced as step 0 (a new
+        connection, or one formed again with a restarted peer)."""
         #: position in ``layers`` of each micro-batch's next send
         self._next = [0]
         #: the split :meth:`split_next_step` planned for the next step
@@ -334,10 +350,6 @@ class AFDConnector(ABC):
         #: each micro-batch's tokens in the step in progress (one entry when not split)
         self.ubatches: tuple[int, ...] = ()
         self._step = -1
-        #: a CUDA graph is being captured: the exchange is recorded, not announced
-        self.is_capturing = False
-        #: the header of each captured step, by token count, announced at its replays
-        self._captured: dict[int, StepHeader] = {}
 
     def set_layers(self, layers: list[int]) -> None:
         """The remote layers, in forward order (from :func:`afd_models.models.remote.bind_connector`)."""

@@ -54,7 +54,8 @@ class FFNConnect(Protocol):
 
 def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
     """Refuse ``peer_restart_timeout_s`` where a step cannot simply run again: a worker with TP
-    or DP partners (they would re-enter their collectives at different layers), or a step longer
+    or DP partners (they would re-enter their collectives at different layers), a KV-transfer
+    connector (its per-layer saves would repeat), or, on the Attention role, a held step longer
     than the multiprocess executor waits for (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
     restart = afd.peer_restart_timeout_s
     if not restart:
@@ -71,14 +72,24 @@ def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
                 f"worker alone, and its partners would re-run the step from other layers; "
                 f"allowed: {flag}=1, or peer_restart_timeout_s=0"
             )
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        raise AFDConfigError(
+            f"{key} with --kv-transfer-config is not allowed: a step run again would save its "
+            "layers' KV cache through the KV connector twice; allowed: one of them"
+        )
+    if afd.is_ffn:  # the FFN server waits in a thread of its own, never inside a step
+        return
     timeout_s = afd.connector_extra_config.timeout_s
+    # noticing the loss, forming the data plane again, and a retry that fails again
+    held_s = restart + 3 * timeout_s
     limit = envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
-    if parallel.distributed_executor_backend == "mp" and restart + timeout_s >= limit:
+    if parallel.distributed_executor_backend == "mp" and held_s >= limit:
         raise AFDConfigError(
             f"{key} with connector_extra_config.timeout_s={timeout_s:g} is not allowed with "
-            f"--distributed-executor-backend mp: a step may wait {restart + timeout_s:g} s, and "
-            f"the executor gives a step VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={limit} s; allowed: "
-            f"peer_restart_timeout_s + timeout_s < {limit} (or raise that variable)"
+            f"--distributed-executor-backend mp: a held step may take peer_restart_timeout_s + "
+            f"3 * timeout_s = {held_s:g} s, and the executor gives a step "
+            f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={limit} s; allowed: peer_restart_timeout_s + "
+            f"3 * timeout_s < {limit} (or raise that variable)"
         )
 
 

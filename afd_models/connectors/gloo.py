@@ -13,7 +13,7 @@ from torch.distributed import PrefixStore, ProcessGroup, Store, Work
 from vllm.distributed.utils import init_gloo_process_group
 
 from afd_models.config import P2PExtraConfig
-from afd_models.connectors.base import AFDConnectionError, Fingerprint
+from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, Fingerprint
 from afd_models.connectors.p2p import (
     DataPlane,
     P2PAttentionConnector,
@@ -51,7 +51,7 @@ class GlooDataPlane(DataPlane):
                 try:
                     work.wait(self._timeout)
                 except RuntimeError as exc:
-                    raise AFDConnectionError(
+                    raise AFDPeerGoneError(
                         f"AFD gloo connector at {self.where}: {what} failed: the peer is gone, "
                         f"or sent nothing for {self.timeout_s:.0f} s ({exc})"
                     ) from exc
@@ -72,7 +72,7 @@ class GlooDataPlane(DataPlane):
                 return self._pg.send([as_bytes(transfer.tensor)], transfer.peer, transfer.tag)
             return self._pg.recv([transfer.tensor.view(torch.uint8)], transfer.peer, transfer.tag)
         except RuntimeError as exc:
-            raise AFDConnectionError(
+            raise AFDPeerGoneError(
                 f"AFD gloo connector at {self.where}: {verb} rank {transfer.peer} failed "
                 f"(peer gone): {exc}"
             ) from exc

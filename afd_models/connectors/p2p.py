@@ -59,6 +59,7 @@ from afd_models.config import P2PExtraConfig
 from afd_models.connectors.base import (
     AFDConnectionError,
     AFDConnector,
+    AFDPeerGoneError,
     FFNConnector,
     Fingerprint,
     StepHeader,
@@ -233,8 +234,7 @@ class _Rendezvous:
         timeout_s = self.connect_timeout_s
         if not hosting:
             self._wait_for_host()
-            # what is left of the connect timeout, at least a second to finish connecting
-            timeout_s = max(self.started + self.connect_timeout_s - time.monotonic(), 1.0)
+            timeout_s = self.remaining_s()
         # Nobody waits for a worker count here: the engines agree on the group size only once
         # the handshake has compared their fingerprints.
         try:
@@ -247,8 +247,12 @@ class _Rendezvous:
             )
         except (RuntimeError, OSError) as exc:
             raise self._no_group(exc) from None
-        store.set_timeout(timedelta(seconds=self.connect_timeout_s))
+        store.set_timeout(timedelta(seconds=self.remaining_s()))
         return store
+
+    def remaining_s(self) -> float:
+        """What is left of the connect timeout, at least a second to finish a step of it."""
+        return max(self.started + self.connect_timeout_s - time.monotonic(), 1.0)
 
     def _wait_for_host(self) -> None:
         """Attention side: wait until the FFN worker's store accepts connections (it hosts the
@@ -319,7 +323,8 @@ class _Rendezvous:
         self.store.set(STEPS_KEY, str(port))
 
     def step_port(self) -> int:
-        """Attention side: the FFN worker's step-header port (waits up to ``connect_timeout_s``)."""
+        """Attention side: the FFN worker's step-header port (waits for what is left of
+        ``connect_timeout_s``)."""
         assert self.store is not None, "looked up during construction only"
         try:
             return int(self.store.get(STEPS_KEY))
@@ -406,20 +411,33 @@ class P2PAttentionConnector(AFDConnector):
 
     def reconnect(self, connect_timeout_s: float) -> None:
         """Close the connection to a vanished FFN worker and connect again to whichever FFN
-        worker hosts the group next (a restarted one), waiting up to ``connect_timeout_s``. The
-        step in progress is dropped: the caller runs its forward again from the first layer.
+        worker hosts the group next (a restarted one), waiting up to ``connect_timeout_s``; an
+        FFN worker that leaves during the handshake is tried again within that time. The step in
+        progress is dropped: the caller runs its forward again from the first layer.
 
         Raises:
-            AFDConnectionError: no FFN worker passed the handshake within ``connect_timeout_s``.
+            AFDConnectionError: no FFN worker passed the handshake within ``connect_timeout_s``,
+                or one refused this worker.
         """
+        deadline = time.monotonic() + connect_timeout_s
         self.close()
         self._watchdog = None
         self._pending.clear()
         self._header = None
-        self._next, self._plan, self.ubatches, self._step = [0], None, (), -1
-        group = self._group
-        extra = dataclasses.replace(self._extra, connect_timeout_s=connect_timeout_s)
-        self._connect(group.group, group.plane, extra)
+        self._reset_steps()
+        group, plane = self._group.group, self._group.plane
+        while True:
+            left_s = max(deadline - time.monotonic(), 0.01)
+            try:
+                self._connect(
+                    group, plane, dataclasses.replace(self._extra, connect_timeout_s=left_s)
+                )
+                break
+            except AFDPeerGoneError as exc:  # a leaving FFN worker's store answered
+                if time.monotonic() + PROBE_EVERY_S >= deadline:
+                    raise
+                logger.info("%s: %s; trying again", self._prefix, exc)
+            time.sleep(PROBE_EVERY_S)
         if self.metrics is not None:
             self.metrics.reconnected()
 
@@ -428,9 +446,9 @@ class P2PAttentionConnector(AFDConnector):
         where, rank = self._group.where, self.fingerprint.role_rank
         port = self._group.step_port()
         try:
-            channel = socket.create_connection((self._group.host, port), extra.connect_timeout_s)
-        except OSError as exc:
-            raise AFDConnectionError(
+            channel = socket.create_connection((self._group.host, port), self._group.remaining_s())
+        except OSError as exc:  # a store whose FFN worker is leaving
+            raise AFDPeerGoneError(
                 f"{self._prefix}: no step channel from the FFN worker at {where}: {exc}"
             ) from None
         try:
@@ -457,7 +475,7 @@ class P2PAttentionConnector(AFDConnector):
                     where,
                     others,
                 )
-            channel.settimeout(extra.connect_timeout_s)
+            channel.settimeout(self._group.remaining_s())
             kind, text = self._answer(
                 channel, where, f"(every peer of the group) within {extra.connect_timeout_s:.0f} s"
             )
@@ -481,7 +499,7 @@ class P2PAttentionConnector(AFDConnector):
                 f"{within} (is it an AFD FFN worker of the same vllm-afd-overlay version?)"
             ) from None
         except OSError as exc:
-            raise AFDConnectionError(
+            raise AFDPeerGoneError(
                 f"{self._prefix}: the FFN worker at {where} closed the step channel during "
                 f"the handshake: {exc}"
             ) from None
@@ -498,7 +516,7 @@ class P2PAttentionConnector(AFDConnector):
                 b"".join([header.encode().numpy(), *(as_bytes(t).numpy() for t in tensors)])
             )
         except OSError as exc:
-            raise AFDConnectionError(
+            raise AFDPeerGoneError(
                 f"AFD {self._group.plane.name} connector at {self._group.where}: step "
                 f"{header.step} failed (the FFN worker is gone): {exc}"
             ) from exc
@@ -877,7 +895,7 @@ class P2PFFNConnector(FFNConnector):
         try:
             read_into(channel, memoryview(out.view(torch.uint8).numpy()))
         except OSError as exc:
-            raise AFDConnectionError(f"{self._connector}: {what} failed: {exc}") from exc
+            raise AFDPeerGoneError(f"{self._connector}: {what} failed: {exc}") from exc
 
     def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
         transfers, start = [], 0

@@ -119,21 +119,28 @@ def _ffn_server(
 
 
 def _ffn_engine(group: Group, steps: multiprocessing.Queue) -> None:
-    """An FFN engine in a process of its own: it serves until killed, reporting each step."""
-    server = _ffn_server(group, 0)
+    """An FFN engine in a process of its own: it serves until killed, reporting the step numbers
+    it served each time it served one more."""
+    server, reported = _ffn_server(group, 0), 0
     while True:
         time.sleep(0.05)
-        if server.steps:
+        if server.steps > reported:
+            reported = server.steps
             steps.put([step["step"] for step in server.recent_steps()])
 
 
-def _attention_engine(group: Group, scale: float, results: multiprocessing.Queue) -> None:
+def _attention_engine(
+    group: Group, scale: float, results: multiprocessing.Queue, mid_step: bool
+) -> None:
     """An Attention engine in a process of its own: one step, its result reported, then it dies
-    without closing anything (as a killed engine does)."""
+    without closing anything (as a killed engine does), between two steps or (``mid_step``)
+    after sending the first layer of the next one."""
     connector = GlooAttentionConnector("127.0.0.1", group, 0, EXTRA)
     connector.set_layers(LAYERS)
     hidden = torch.ones(4, HIDDEN) * scale
     results.put(torch.equal(_forward(connector, hidden), _expected(hidden)))
+    if mid_step:
+        connector.send(LAYERS[0], hidden, None)
     time.sleep(0.5)
     os._exit(0)
 
@@ -152,18 +159,18 @@ def group() -> Iterator[Group]:
 
 
 def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -> None:
-    steps = SPAWN.Queue()
-    first = SPAWN.Process(target=_ffn_engine, args=(group, steps))
+    steps = [SPAWN.Queue(), SPAWN.Queue()]  # what each FFN engine served
+    first = SPAWN.Process(target=_ffn_engine, args=(group, steps[0]))
     first.start()
     connector = GlooAttentionConnector("127.0.0.1", group, 0, EXTRA)
     connector.set_layers(LAYERS)
     runner = SimpleNamespace(vllm_config=_config("attention", 60), afd_connector=connector)
     hidden = torch.arange(3 * HIDDEN, dtype=torch.float32).reshape(3, HIDDEN)
     reconnects = _sample("afd_reconnects_total", "attention", "ffn0")
-    second = SPAWN.Process(target=_ffn_engine, args=(group, steps))
+    second = SPAWN.Process(target=_ffn_engine, args=(group, steps[1]))
     try:
         assert torch.equal(_forward(connector, hidden), _expected(hidden))
-        assert steps.get(timeout=30) == [0]
+        assert steps[0].get(timeout=30) == [0]
         first.kill()  # the FFN engine dies; a restarted one comes up later
         first.join(10)
         second.start()
@@ -174,14 +181,14 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
         assert any("running the step again" in line for line in lines), lines
         assert _sample("afd_reconnects_total", "attention", "ffn0") == reconnects + 1
         assert _sample("afd_peer_connected", "attention", "ffn0") == 1
-        # the restarted engine counts the step run again as its first, then the next one
+        # the restarted engine served the step run again as its first, then the next one
+        assert steps[1].get(timeout=30) == [0]
         assert torch.equal(_forward(connector, hidden + 1), _expected(hidden + 1))
-        while (served := steps.get(timeout=30)) != [0, 1]:
-            assert served == [0], served
+        assert steps[1].get(timeout=30) == [0, 1]
         second.kill()
         second.join(10)
         # with no restart timeout the step fails at once; with one, once it has passed
-        for restart_s, within_s in ((0, 1.0), (2, 6.0)):
+        for restart_s, within_s in ((0, 3.0), (2, 8.0)):
             runner.vllm_config = _config("attention", restart_s)
             started = time.monotonic()
             with pytest.raises(AFDConnectionError):
@@ -198,7 +205,11 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
 def test_the_ffn_server_waits_for_a_restarted_attention_engine(group: Group) -> None:
     results = SPAWN.Queue()
     reconnects = _sample("afd_reconnects_total", "ffn", "attention0")
-    engines = [SPAWN.Process(target=_attention_engine, args=(group, s, results)) for s in (1, 3)]
+    # the first engine dies in the middle of a step, the restarted one between two
+    engines = [
+        SPAWN.Process(target=_attention_engine, args=(group, scale, results, mid_step))
+        for scale, mid_step in ((1, True), (3, False))
+    ]
     failures: list[BaseException] = []
     with Lines() as lines:
         engines[0].start()
@@ -232,34 +243,42 @@ def test_the_ffn_server_waits_for_a_restarted_attention_engine(group: Group) -> 
 
 
 @pytest.mark.parametrize(
-    ("tp_size", "dp_size", "backend", "env_timeout", "message"),
+    ("role", "tp_size", "dp_size", "backend", "env_timeout", "kv_transfer", "message"),
     [
-        (1, 1, "uni", "300", None),
-        (1, 1, "mp", "300", None),  # 120 + 10 s < 300 s
-        (2, 1, "mp", "300", "with --tensor-parallel-size=2 is not allowed"),
-        (1, 2, "mp", "300", "with --data-parallel-size=2 is not allowed"),
+        ("attention", 1, 1, "uni", "300", False, None),
+        ("attention", 1, 1, "mp", "300", False, None),  # 120 + 3 * 10 s < 300 s
+        ("attention", 2, 1, "mp", "300", False, "with --tensor-parallel-size=2 is not allowed"),
+        ("ffn", 1, 2, "mp", "300", False, "with --data-parallel-size=2 is not allowed"),
+        ("attention", 1, 1, "uni", "300", True, "with --kv-transfer-config is not allowed"),
         (
+            "attention",
             1,
             1,
             "mp",
-            "100",
+            "150",
+            False,
             "with connector_extra_config.timeout_s=10 is not allowed with "
-            "--distributed-executor-backend mp: a step may wait 130 s, and the executor gives a "
-            "step VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=100 s",
+            "--distributed-executor-backend mp: a held step may take peer_restart_timeout_s + "
+            "3 * timeout_s = 150 s, and the executor gives a step "
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=150 s",
         ),
-        (1, 1, "uni", "100", None),  # no executor timeout in one process
+        ("attention", 1, 1, "uni", "100", False, None),  # no executor timeout in one process
+        ("ffn", 1, 1, "mp", "100", False, None),  # the FFN server waits outside any step
     ],
 )
 def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
+    role: str,
     tp_size: int,
     dp_size: int,
     backend: str,
     env_timeout: str,
+    kv_transfer: bool,
     message: str | None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """TP or DP partners would re-enter their collectives at other layers; the multiprocess
-    executor gives up on a step after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
+    """TP or DP partners would re-enter their collectives at other layers, a KV connector would
+    save the step's layers twice, and the multiprocess executor gives up on a step after
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
     from afd_models.connectors.factory import check_restart
 
     monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", env_timeout)
@@ -268,19 +287,35 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
             tensor_parallel_size=tp_size,
             data_parallel_size=dp_size,
             distributed_executor_backend=backend,
-        )
+        ),
+        kv_transfer_config=object() if kv_transfer else None,
     )
     afd = parse_afd_config(
-        {
-            "role": "attention",
-            "peer_restart_timeout_s": 120,
-            "connector_extra_config": {"timeout_s": 10},
-        }
+        {"role": role, "peer_restart_timeout_s": 120, "connector_extra_config": {"timeout_s": 10}}
     )
+    check_restart(engine, dataclasses.replace(afd, peer_restart_timeout_s=0.0))  # off: no check
     if message is None:
         check_restart(engine, afd)
         return
     with pytest.raises(AFDConfigError, match=re.escape(message)) as raised:
         check_restart(engine, afd)
     assert str(raised.value).startswith("additional_config.afd.peer_restart_timeout_s=120 ")
-    check_restart(engine, dataclasses.replace(afd, peer_restart_timeout_s=0.0))  # off: no check
+
+
+def test_only_a_peer_that_went_away_is_waited_for() -> None:
+    """Any other connection error (a malformed or mismatched exchange) goes up at once, with
+    no reconnect, whatever the restart timeout."""
+
+    class Unreachable:
+        def reconnect(self, connect_timeout_s: float) -> None:
+            raise AssertionError("reconnected after an error of a live peer")
+
+    runner = SimpleNamespace(vllm_config=_config("attention", 60), afd_connector=Unreachable())
+
+    def forward() -> None:
+        raise AFDConnectionError("layer 3 of micro-batch 0 sent out of order")
+
+    started = time.monotonic()
+    with pytest.raises(AFDConnectionError, match="out of order"):
+        forward_across_restarts(runner, forward)
+    assert time.monotonic() - started < 1

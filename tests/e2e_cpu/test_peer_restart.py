@@ -5,7 +5,7 @@ The FFN engine is killed (SIGKILL of its process group) while requests stream, a
 started on the same rendezvous port: the Attention engine stays healthy, holds the step in
 flight, runs it again on the new FFN engine, and no request fails; every completion equals the
 one the pair gave before the kill, token for token. Then the Attention engine is killed and
-restarted: the FFN engine stays up, waits for it, and serves it. Each side's
+restarted, also under load: the FFN engine stays up, waits for it, and serves it. Each side's
 ``afd_reconnects_total`` counts its reconnect. At the end nothing is left running and every port
 is free.
 
@@ -132,9 +132,12 @@ def test_either_role_restarts_under_load_without_losing_a_request(
         assert serve.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
         assert serve.metric_value(attention, "afd_peer_connected", **on_attention) == 1
 
-        # --- the Attention engine dies; the FFN engine waits for the restarted one
+        # --- the Attention engine dies under load; the FFN engine waits for the restarted one
         serve.wait_ready([ffn], START_TIMEOUT_S)  # its API server comes up after it connected
+        load = Load(attention)
+        load.wait_for(1, 120)
         serve.kill_group(attention)
+        load.stop()  # the requests in flight were the dead engine's own
         _wait_for_line(ffn, "waiting up to 240 s (peer_restart_timeout_s)", 60)
         assert serve.health(ffn) == 200 and ffn.alive()
         attention = start_attention("restart-attention-2")
