@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import logging
 import multiprocessing
 import os
 import socket
@@ -25,6 +24,7 @@ from afd_models.config import P2PExtraConfig
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
 from afd_models.testing.serve import free_port, port_is_free
 from afd_models.topology import Group, groups
+from tests.logs import AFDLines
 
 EXTRA = P2PExtraConfig(connect_timeout_s=60, timeout_s=30)
 LAYERS = [0, 2]
@@ -359,29 +359,6 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     assert [series["connected"] for series in _ffn_series()] == [0, 0]
 
 
-class _Lines(logging.Handler):
-    """The messages AFD's connector module logs while it is attached (vLLM's loggers do not
-    propagate to pytest's capture)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-        self.logger = logging.getLogger("vllm.afd.connectors.p2p")
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def __enter__(self) -> list[str]:
-        self.logger.addHandler(self)
-        self.level_before = self.logger.level
-        self.logger.setLevel(logging.INFO)
-        return self.lines
-
-    def __exit__(self, *_: object) -> None:
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level_before)
-
-
 def _quick_progress(connector: type) -> type:
     """``connector`` reporting its waits every 0.5 s instead of every PROGRESS_EVERY_S."""
     return type(connector.__name__, (connector,), {"progress_every_s": 0.5})
@@ -396,7 +373,7 @@ def test_attention_without_ffn_fails_clearly() -> None:
     fds = _fds_before()
     started = time.monotonic()
     with (
-        _Lines() as lines,
+        AFDLines() as lines,
         pytest.raises(
             AFDConnectionError, match=f"no connector group at 127.0.0.1:{port} within 2 s"
         ),
@@ -429,7 +406,7 @@ def test_ffn_names_the_attention_ranks_it_still_waits_for() -> None:
             outcome.append(exc)
 
     peer = threading.Thread(target=attention)
-    with _Lines() as lines:
+    with AFDLines() as lines:
         peer.start()
         with pytest.raises(
             AFDConnectionError,

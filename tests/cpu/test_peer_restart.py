@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import multiprocessing
 import os
 import re
@@ -30,6 +29,7 @@ from afd_models.ffn_server import FFNServer
 from afd_models.runner_roles import forward_across_restarts
 from afd_models.testing.serve import free_port, port_is_free
 from afd_models.topology import Group, groups
+from tests.logs import AFDLines
 
 HIDDEN = 16
 LAYERS = [1, 2]
@@ -50,29 +50,6 @@ def _config(role: str, restart_s: float) -> VllmConfig:
     return VllmConfig(
         additional_config={"afd": {"role": role, "peer_restart_timeout_s": restart_s}}
     )
-
-
-class Lines(logging.Handler):
-    """The messages AFD's modules log while it is attached (vLLM's loggers do not propagate to
-    pytest's capture)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-        self.logger = logging.getLogger("vllm.afd")
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def __enter__(self) -> list[str]:
-        self.logger.addHandler(self)
-        self.level_before = self.logger.level
-        self.logger.setLevel(logging.INFO)
-        return self.lines
-
-    def __exit__(self, *_: object) -> None:
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level_before)
 
 
 def _forward(connector: GlooAttentionConnector, hidden: torch.Tensor) -> torch.Tensor:
@@ -174,7 +151,7 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
         first.kill()  # the FFN engine dies; a restarted one comes up later
         first.join(10)
         second.start()
-        with Lines() as lines:
+        with AFDLines() as lines:
             out = forward_across_restarts(runner, lambda: _forward(connector, hidden))
         assert torch.equal(out, _expected(hidden))
         assert any("holding the step and waiting up to 60 s" in line for line in lines), lines
@@ -211,7 +188,7 @@ def test_the_ffn_server_waits_for_a_restarted_attention_engine(group: Group) -> 
         for scale, mid_step in ((1, True), (3, False))
     ]
     failures: list[BaseException] = []
-    with Lines() as lines:
+    with AFDLines() as lines:
         engines[0].start()
         server = _ffn_server(group, 60, failures)
         try:
