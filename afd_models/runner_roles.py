@@ -15,7 +15,13 @@ from typing import Any, NoReturn
 from vllm.distributed import get_tensor_model_parallel_rank
 
 from afd_models.config import Role, require_afd_config
-from afd_models.connectors.base import AFDConnector, AFDPeerGoneError, FFNConnector
+from afd_models.connectors.base import (
+    AFDConnectionError,
+    AFDConnector,
+    AFDPeerGoneError,
+    AFDPeerLostError,
+    FFNConnector,
+)
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.graphs import (
@@ -27,6 +33,7 @@ from afd_models.graphs import (
 )
 from afd_models.log import exit_process, get_logger
 from afd_models.models.remote import bind_connector
+from afd_models.step_failures import FailedStepOutput, failed_step_output
 
 logger = get_logger(__name__)
 
@@ -115,8 +122,10 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
 
     Running it again only rewrites the KV-cache slots the first run wrote, with the same values:
     sampling comes after the forward, and the step's inputs are prepared before it. Only a peer
-    that went away (:class:`AFDPeerGoneError`) is waited for; the retries of one step share one
-    ``peer_restart_timeout_s``, and past it (or when it is 0) the error goes up as before.
+    that went away (:class:`AFDPeerGoneError`) is waited for, and the retries of one step share
+    one ``peer_restart_timeout_s``. When it is 0 the error goes up as before; past it (or when
+    the restarted FFN engine is refused) :class:`AFDPeerLostError` does, and
+    :func:`fail_lost_step` turns it into a failed step.
     """
     deadline = None
     while True:
@@ -126,22 +135,45 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
             now = time.monotonic()
             if deadline is None:  # the config is read off the hot path, on the first failure
                 afd = require_afd_config(runner.vllm_config.additional_config)
+                if not afd.peer_restart_timeout_s:
+                    raise
                 deadline = now + afd.peer_restart_timeout_s
-            if now >= deadline:
-                raise
             gone = str(exc)
         # outside the except: the error's frames hold the old data plane until they go
+        if now >= deadline:
+            raise AFDPeerLostError(
+                f"the FFN role went away during the step and no restarted FFN engine ran it "
+                f"within peer_restart_timeout_s: {gone}"
+            )
         logger.warning(
             "AFD Attention: the FFN role went away during a step (%s); holding the step "
             "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
             gone,
             deadline - now,
         )
-        runner.afd_connector.reconnect(deadline - now)
+        try:
+            runner.afd_connector.reconnect(deadline - now)
+        except AFDConnectionError as exc:
+            raise AFDPeerLostError(
+                f"no restarted FFN engine passed the handshake within peer_restart_timeout_s: {exc}"
+            ) from None
         logger.info(
             "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
             time.monotonic() - now,
         )
+
+
+def fail_lost_step(scheduler_output: Any, lost: AFDPeerLostError) -> FailedStepOutput:
+    """What the Attention runner returns for a step :func:`forward_across_restarts` gave up on:
+    the AFD scheduler fails its requests, and the engine stays up for the next FFN engine."""
+    output = failed_step_output(scheduler_output, str(lost))
+    logger.error(
+        "AFD Attention: %s; failing the step's %d requests (the engine stays up, and the next "
+        "step waits for an FFN engine again)",
+        lost,
+        len(output.req_ids),
+    )
+    return output
 
 
 def stop_role(runner: Any) -> None:

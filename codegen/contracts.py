@@ -1,4 +1,5 @@
-"""Contracts: what AFD relies on in an inherited upstream method, stated as anchor patterns.
+"""Contracts: what AFD relies on in an upstream method (inherited, or run by an override's
+``super()`` call), stated as anchor patterns.
 
 An overlay declares them with ``relies_on={"forward": (contract(...), ...)}``. Generation checks
 each against the pinned body (it must match exactly ``count`` times) and records where it

@@ -293,10 +293,20 @@ def _contract_ids(lock: dict[str, Any]) -> dict[str, set[str]]:
     ids: dict[str, set[str]] = {}
     for entry in lock.get("classes", {}).values():
         for name, contracts in (entry.get("relies_on") or {}).items():
-            key = entry["inherited"].get(name)
+            key = relied_ref(entry, name)
             if key is not None and isinstance(contracts, dict):
                 ids.setdefault(key, set()).update(contracts)
     return ids
+
+
+def relied_ref(entry: dict[str, Any], name: str) -> str | None:
+    """The upstream method a generated class relies on by ``name``: inherited, or run by its
+    override's ``super()`` call."""
+    inherited: str | None = entry["inherited"].get(name)
+    if inherited is not None:
+        return inherited
+    upstream: str | None = entry["members"].get(name, {}).get("upstream")
+    return upstream
 
 
 #: generated member (``module:Class.member``) -> the overlay's signature and the deltas declared
@@ -912,7 +922,7 @@ def contract_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Fi
     for class_key, entry in lock.get("classes", {}).items():
         base = SymbolRef.parse(entry["base"])
         for name, contracts in (entry.get("relies_on") or {}).items():
-            key = entry["inherited"].get(name)
+            key = relied_ref(entry, name)
             if key is None or not isinstance(contracts, dict):
                 continue  # a lock older than contracts states none
             target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None

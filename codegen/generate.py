@@ -257,16 +257,23 @@ def _build_class(
             members.append(member)
     declared = {d.name for d in overlay_class.members}
     inherited = {n: m.ref for n, m in sorted(visible.items()) if m.is_method and n not in declared}
+    # an override that calls super() still runs upstream's body: AFD may rely on it too
+    extended = {
+        m.decl.name
+        for m in members
+        if m.decl.kind is MemberKind.OVERRIDE and calls_super(m.decl.node, m.decl.name)
+    }
     contracts = {}
     for relied, declared_contracts in overlay_class.relies_on.items():
         symbol = f"{overlay.generated_module}:{name}.{relied}"
-        if relied not in inherited:
+        if relied not in inherited and relied not in extended:
             findings.append(
                 Finding(
                     Kind.OVERLAY_INVALID,
                     Severity.BLOCK,
                     symbol,
-                    f"relies_on names {relied!r}, which is not an inherited upstream method of {base}",
+                    f"relies_on names {relied!r}, which is neither an inherited upstream method of "
+                    f"{base} nor one our override runs through super()",
                     where,
                 )
             )
@@ -284,6 +291,28 @@ def _build_class(
         inherited=inherited,
         contracts=contracts,
     )
+
+
+def calls_super(node: Any, name: str) -> bool:
+    """Whether an override calls ``super().<name>``, or hands it on as a bound method: upstream's
+    body then still runs inside ours."""
+
+    class _Finder(cst.CSTVisitor):
+        found = False
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            value = attribute.value
+            if (
+                attribute.attr.value == name
+                and isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Name)
+                and value.func.value == "super"
+            ):
+                self.found = True
+
+    finder = _Finder()
+    node.visit(finder)
+    return finder.found
 
 
 def _contracts(

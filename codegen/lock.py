@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from codegen.generate import Generation
+from codegen.generate import Generation, calls_super
 from codegen.index import Member, UpstreamIndex, body_fingerprint
 from codegen.model import MemberKind, Signature, SymbolRef
 from codegen.names import ModuleNamespace
@@ -231,29 +231,6 @@ def class_members_used(
 
     node.visit(_Finder())
     return found
-
-
-def calls_super(node: Any, name: str) -> bool:
-    """Whether an override calls ``super().<name>``, or hands it on as a bound method: upstream's
-    body then still runs inside ours."""
-    import libcst as cst
-
-    class _Finder(cst.CSTVisitor):
-        found = False
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            value = attribute.value
-            if (
-                attribute.attr.value == name
-                and isinstance(value, cst.Call)
-                and isinstance(value.func, cst.Name)
-                and value.func.value == "super"
-            ):
-                self.found = True
-
-    finder = _Finder()
-    node.visit(finder)
-    return finder.found
 
 
 def render_lock(lock: dict[str, Any]) -> str:

@@ -93,7 +93,8 @@ class Delta:
 
 @dataclass(frozen=True)
 class Contract:
-    """A structural fact about an inherited upstream method that AFD depends on.
+    """A structural fact about an upstream method AFD depends on (inherited, or run by an
+    override's ``super()`` call).
 
     It is checked against the pinned body at generation (it must match exactly ``count`` times)
     and against every new body by ``codegen drift``: a body change that keeps every contract is
@@ -166,7 +167,7 @@ def delta(
 
 
 def contract(pattern: str, *, id: str, if_broken: str, count: int = 1) -> Contract:
-    """Declare what AFD relies on in an inherited method (an argument of ``relies_on``)."""
+    """Declare what AFD relies on in an upstream method (an argument of ``relies_on``)."""
     return Contract(pattern, id, if_broken, count)
 
 
@@ -183,8 +184,9 @@ def subclass(
             imports, or ``"module:Class"``. Empty: the class statement's own base.
         name: generated class name; ``{base}`` is replaced by each base's name. Default: the
             overlay class name (one base only).
-        relies_on: inherited upstream methods whose behaviour AFD depends on, each with the
-            contracts (``contract(...)``) that say what exactly; drift checks them on every bump.
+        relies_on: upstream methods whose behaviour AFD depends on (inherited, or run by an
+            override's ``super()`` call), each with the contracts (``contract(...)``) that say
+            what exactly; drift checks them on every bump.
     """
     del bases, name, relies_on
 

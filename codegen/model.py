@@ -199,7 +199,8 @@ class OverlayClass:
     bases: tuple[SymbolRef, ...]
     #: generated class name; ``{base}`` is each base's name
     name_template: str
-    #: inherited upstream methods AFD's behaviour depends on, with the contracts that say how
+    #: upstream methods AFD's behaviour depends on (inherited, or run by an override's super()),
+    #: with the contracts that say how
     relies_on: dict[str, tuple[Contract, ...]]
     members: tuple[MemberDecl, ...]
     #: class decorators other than the marker (copied onto generated classes)
@@ -288,7 +289,7 @@ class GeneratedClass:
     members: tuple[GeneratedMember, ...]
     #: upstream methods the class inherits unchanged: name -> defining upstream symbol
     inherited: dict[str, SymbolRef] = field(default_factory=dict)
-    #: relied-on inherited methods: name -> where each contract matched in the pinned body
+    #: relied-on upstream methods: name -> where each contract matched in the pinned body
     contracts: dict[str, tuple[ContractMatch, ...]] = field(default_factory=dict)
 
     @property

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codegen.drift import is_callee
+from codegen.drift import is_callee, relied_ref
 from codegen.drift_cli import run_drift
 from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
@@ -418,7 +418,7 @@ class Mutator:
         contracts = {}
         for entry in self.lock["classes"].values():
             for method, stated in (entry.get("relies_on") or {}).items():
-                key = entry["inherited"].get(method)
+                key = relied_ref(entry, method)
                 if key is None or not _in_vllm(self.lock["symbols"][key]):
                     continue
                 for contract_id, recorded in stated.items():

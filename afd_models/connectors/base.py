@@ -64,6 +64,12 @@ class AFDPeerGoneError(AFDConnectionError):
     ends the worker as before."""
 
 
+class AFDPeerLostError(AFDConnectionError):
+    """The peer role went away during a step, and no restarted one passed the handshake within
+    ``peer_restart_timeout_s``: the Attention runner fails the step's requests and stays up, and
+    its next step waits for a peer again."""
+
+
 @dataclass(frozen=True)
 class StepHeader:
     """What the FFN side needs to know before a step's tensors arrive."""

@@ -20,6 +20,7 @@ from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_confi
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
 from afd_models.connectors.cam_ops import load_cam_p2p_ops
 from afd_models.log import exit_process
+from afd_models.scheduler import SCHEDULER_CLS, AFDScheduler
 from afd_models.topology import (
     TopologyError,
     check_attention_engine,
@@ -55,8 +56,9 @@ class FFNConnect(Protocol):
 def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
     """Refuse ``peer_restart_timeout_s`` where a step cannot simply run again: a worker with TP
     or DP partners (they would re-enter their collectives at different layers), a KV-transfer
-    connector (its per-layer saves would repeat), or, on the Attention role, a held step longer
-    than the multiprocess executor waits for (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
+    connector (its per-layer saves would repeat), or, on the Attention role, an engine that could
+    not fail a step (:func:`check_failed_steps`) or a held step longer than the multiprocess
+    executor waits for (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
     restart = afd.peer_restart_timeout_s
     if not restart:
         return
@@ -79,6 +81,7 @@ def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
         )
     if afd.is_ffn:  # the FFN server waits in a thread of its own, never inside a step
         return
+    check_failed_steps(vllm_config, key)
     timeout_s = afd.connector_extra_config.timeout_s
     # noticing the loss, forming the data plane again, and a retry that fails again
     held_s = restart + 3 * timeout_s
@@ -90,6 +93,30 @@ def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
             f"3 * timeout_s = {held_s:g} s, and the executor gives a step "
             f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={limit} s; allowed: peer_restart_timeout_s + "
             f"3 * timeout_s < {limit} (or raise that variable)"
+        )
+
+
+def check_failed_steps(vllm_config: VllmConfig, key: str) -> None:
+    """Refuse an Attention engine that could not fail a step's requests and stay up once no FFN
+    engine came back in time: that needs the AFD scheduler, which finishes them, and a
+    synchronous engine core, which hands it the failed step unsampled."""
+    scheduler = vllm_config.scheduler_config
+    if scheduler.async_scheduling:
+        raise AFDConfigError(
+            f"{key} with --async-scheduling is not allowed: the engine samples every step, "
+            "so the requests of a step whose FFN engine did not come back would get no error "
+            "finish; allowed: --no-async-scheduling, or peer_restart_timeout_s=0"
+        )
+    chosen = scheduler.get_scheduler_cls()
+    if not (isinstance(chosen, type) and issubclass(chosen, AFDScheduler)):
+        name = f"{chosen.__module__}.{chosen.__qualname__}"
+        if scheduler.scheduler_cls is None:
+            name += " (vLLM's default)"
+        raise AFDConfigError(
+            f"{key} with --scheduler-cls {name} is not allowed: once no FFN engine came back "
+            "within the timeout, the requests of the step are failed by the AFD scheduler "
+            f"(and the engine stays up); allowed: --scheduler-cls {SCHEDULER_CLS}, or "
+            "peer_restart_timeout_s=0"
         )
 
 

@@ -550,8 +550,11 @@ class P2PAttentionConnector(AFDConnector):
     @property
     def _live_steps(self) -> socket.socket:
         if self._steps is None:
-            raise AFDConnectionError(
-                f"AFD {self._group.plane.name} connector at {self._group.where} is closed"
+            # closed: no FFN worker came back within peer_restart_timeout_s, and this step
+            # waits for one again (or the runner shut down, and no step follows)
+            raise AFDPeerGoneError(
+                f"AFD {self._group.plane.name} connector at {self._group.where} is closed "
+                "(no FFN worker is connected)"
             )
         return self._steps
 
@@ -573,6 +576,7 @@ class P2PAttentionConnector(AFDConnector):
             self._watchdog.stop()
         if self._steps is not None:
             self._steps.close()
+            self._steps = None
         self._group.close()
         if self.metrics is not None:
             self.metrics.connected(False)

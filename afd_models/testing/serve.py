@@ -243,7 +243,7 @@ def health(server: Server, timeout_s: float = 2.0) -> int:
 
 
 #: one sample line of the Prometheus text format: name, labels, value
-_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+_SAMPLE = re.compile(r"^([\w:]+)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 

@@ -1,6 +1,7 @@
 """A restart of either role with ``peer_restart_timeout_s``, over real gloo connectors: the
 Attention side holds a step whose FFN worker was killed, connects to a restarted one and runs the
-step again (:func:`afd_models.runner_roles.forward_across_restarts`); the FFN server waits for a
+step again (:func:`afd_models.runner_roles.forward_across_restarts`), or, past the timeout, gives
+the step up and serves the next one on the FFN worker started after; the FFN server waits for a
 restarted Attention engine instead of failing, and still stops at once while it waits. The peer
 of the side under test runs in processes of its own (vLLM's gloo set-up redirects the process's
 stdout, which two sides forming at once in one process would tangle). The engines themselves are
@@ -15,18 +16,22 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from prometheus_client import REGISTRY
-from vllm.config import VllmConfig
+from vllm.config import SchedulerConfig, VllmConfig
+from vllm.v1.outputs import ModelRunnerOutput
 
 from afd_models.config import AFDConfigError, P2PExtraConfig, parse_afd_config
-from afd_models.connectors.base import AFDConnectionError
+from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, AFDPeerLostError
 from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
 from afd_models.ffn_server import FFNServer
-from afd_models.runner_roles import forward_across_restarts
+from afd_models.runner_roles import fail_lost_step, forward_across_restarts
+from afd_models.scheduler import SCHEDULER_CLS
+from afd_models.step_failures import failed_requests, failed_step_output
 from afd_models.testing.serve import free_port, port_is_free
 from afd_models.topology import Group, groups
 from tests.logs import AFDLines
@@ -136,7 +141,7 @@ def group() -> Iterator[Group]:
 
 
 def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -> None:
-    steps = [SPAWN.Queue(), SPAWN.Queue()]  # what each FFN engine served
+    steps = [SPAWN.Queue() for _ in range(3)]  # what each FFN engine served
     first = SPAWN.Process(target=_ffn_engine, args=(group, steps[0]))
     first.start()
     connector = GlooAttentionConnector("127.0.0.1", group, 0, EXTRA)
@@ -144,7 +149,7 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
     runner = SimpleNamespace(vllm_config=_config("attention", 60), afd_connector=connector)
     hidden = torch.arange(3 * HIDDEN, dtype=torch.float32).reshape(3, HIDDEN)
     reconnects = _sample("afd_reconnects_total", "attention", "ffn0")
-    second = SPAWN.Process(target=_ffn_engine, args=(group, steps[1]))
+    second, third = (SPAWN.Process(target=_ffn_engine, args=(group, steps[i])) for i in (1, 2))
     try:
         assert torch.equal(_forward(connector, hidden), _expected(hidden))
         assert steps[0].get(timeout=30) == [0]
@@ -164,17 +169,27 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
         assert steps[1].get(timeout=30) == [0, 1]
         second.kill()
         second.join(10)
-        # with no restart timeout the step fails at once; with one, once it has passed
-        for restart_s, within_s in ((0, 3.0), (2, 8.0)):
-            runner.vllm_config = _config("attention", restart_s)
-            started = time.monotonic()
-            with pytest.raises(AFDConnectionError):
-                forward_across_restarts(runner, lambda: _forward(connector, hidden))
-            assert time.monotonic() - started < within_s, restart_s
-            assert time.monotonic() - started >= restart_s, restart_s
+        # with no restart timeout the step fails at once, as it did before restarts existed
+        runner.vllm_config = _config("attention", 0)
+        started = time.monotonic()
+        with pytest.raises(AFDPeerGoneError):
+            forward_across_restarts(runner, lambda: _forward(connector, hidden))
+        assert time.monotonic() - started < 3
+        # with one, the step is lost once it passed, and the next step waits for an FFN again
+        runner.vllm_config = _config("attention", 2)
+        started = time.monotonic()
+        with pytest.raises(AFDPeerLostError, match="within peer_restart_timeout_s"):
+            forward_across_restarts(runner, lambda: _forward(connector, hidden))
+        assert 2 <= time.monotonic() - started < 8
+        third.start()
+        runner.vllm_config = _config("attention", 60)
+        out = forward_across_restarts(runner, lambda: _forward(connector, hidden + 2))
+        assert torch.equal(out, _expected(hidden + 2))
+        assert steps[2].get(timeout=30) == [0]
+        assert _sample("afd_reconnects_total", "attention", "ffn0") == reconnects + 2
     finally:
         connector.close()
-        for process in (first, second):
+        for process in (first, second, third):
             if process.is_alive():
                 process.kill()
 
@@ -266,6 +281,7 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
             distributed_executor_backend=backend,
         ),
         kv_transfer_config=object() if kv_transfer else None,
+        scheduler_config=SchedulerConfig.default_factory(scheduler_cls=SCHEDULER_CLS),
     )
     afd = parse_afd_config(
         {"role": role, "peer_restart_timeout_s": 120, "connector_extra_config": {"timeout_s": 10}}
@@ -277,6 +293,112 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
     with pytest.raises(AFDConfigError, match=re.escape(message)) as raised:
         check_restart(engine, afd)
     assert str(raised.value).startswith("additional_config.afd.peer_restart_timeout_s=120 ")
+
+
+@pytest.mark.parametrize(
+    ("scheduler_cls", "async_scheduling", "message"),
+    [
+        (SCHEDULER_CLS, False, None),
+        ("afd_models._generated.vllm.v1.core.sched.scheduler.AFDScheduler", None, None),
+        (
+            None,
+            None,
+            "with --scheduler-cls vllm.v1.core.sched.scheduler.Scheduler (vLLM's default) is not "
+            "allowed: once no FFN engine came back within the timeout, the requests of the step "
+            "are failed by the AFD scheduler (and the engine stays up); allowed: --scheduler-cls "
+            "afd_models.scheduler.AFDScheduler, or peer_restart_timeout_s=0",
+        ),
+        (
+            "vllm.v1.core.sched.scheduler.Scheduler",
+            False,
+            "with --scheduler-cls vllm.v1.core.sched.scheduler.Scheduler is not allowed",
+        ),
+        (SCHEDULER_CLS, True, "with --async-scheduling is not allowed"),
+    ],
+)
+def test_an_attention_engine_that_could_not_fail_a_lost_step_is_refused(
+    scheduler_cls: str | None, async_scheduling: bool | None, message: str | None
+) -> None:
+    """Past the timeout, a step's requests are failed by the AFD scheduler, which a synchronous
+    engine core hands the failed step: vLLM's own schedulers, or async scheduling, are refused
+    on the Attention role (the FFN engine schedules nothing)."""
+    from afd_models.connectors.factory import check_restart
+
+    engine = VllmConfig()
+    # set after the config's checks: vLLM's CPU platform turns async scheduling off
+    engine.scheduler_config = SchedulerConfig.default_factory(
+        scheduler_cls=scheduler_cls, async_scheduling=async_scheduling
+    )
+    extra = {"connector_extra_config": {"timeout_s": 10}}
+    afd = parse_afd_config({"role": "attention", "peer_restart_timeout_s": 120, **extra})
+    if message is None:
+        check_restart(engine, afd)
+        return
+    with pytest.raises(AFDConfigError, match=re.escape(message)):
+        check_restart(engine, afd)
+    check_restart(engine, dataclasses.replace(afd, peer_restart_timeout_s=0.0))  # off: no check
+    check_restart(engine, parse_afd_config({"role": "ffn", "peer_restart_timeout_s": 120, **extra}))
+
+
+def test_a_lost_step_fails_its_requests() -> None:
+    """The output the Attention runner returns for a lost step names the step's requests, samples
+    nothing for them, and is the only output whose requests the AFD scheduler fails."""
+    scheduled = SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 1})
+    with AFDLines() as lines:
+        output = fail_lost_step(scheduled, AFDPeerLostError("no FFN engine within 2 s"))
+    assert output.req_ids == ["a", "b"] and output.req_id_to_index == {"a": 0, "b": 1}
+    assert output.sampled_token_ids == [] and output.afd_error == "no FFN engine within 2 s"
+    assert failed_requests(output) == ["a", "b"]
+    assert failed_requests(ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})) == []
+    assert any("failing the step's 2 requests (the engine stays up" in line for line in lines)
+
+
+def test_the_afd_scheduler_fails_the_requests_of_a_lost_step_and_goes_on(tiny_v2: Path) -> None:
+    """vLLM's scheduler, as the AFD one, given a lost step: its requests finish with an error
+    (nothing sampled), leave the runner's batch with the next step, and the requests that came
+    after are scheduled as usual."""
+    from vllm.config import CacheConfig, ModelConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from afd_models.scheduler import AFDScheduler
+
+    config = VllmConfig(
+        model_config=ModelConfig(model=str(tiny_v2), max_model_len=64),
+        cache_config=CacheConfig(block_size=16),
+    )
+    config.cache_config.num_gpu_blocks = 16  # what the engine sets once it measured the KV cache
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    kv_cache = KVCacheConfig(
+        num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
+    )
+    scheduler = AFDScheduler(config, kv_cache, StructuredOutputManager(config), block_size=16)
+
+    def add(request_id: str) -> None:
+        scheduler.add_request(Request(request_id, [1, 2, 3], SamplingParams(max_tokens=4), None))
+
+    add("lost-0")
+    add("lost-1")
+    lost = scheduler.schedule()
+    add("later")
+    outputs = scheduler.update_from_output(lost, failed_step_output(lost, "no FFN engine"))
+    finished = sorted((o.request_id, o.finish_reason, o.new_token_ids) for o in outputs[0].outputs)
+    assert finished == [("lost-0", FinishReason.ERROR, []), ("lost-1", FinishReason.ERROR, [])]
+    assert scheduler.get_num_unfinished_requests() == 1
+    after = scheduler.schedule()
+    assert after.finished_req_ids == {"lost-0", "lost-1"}
+    assert list(after.num_scheduled_tokens) == ["later"]
+    # a step that ran is no failure: its request goes on with the sampled token
+    ran = ModelRunnerOutput(
+        req_ids=["later"], req_id_to_index={"later": 0}, sampled_token_ids=[[7]]
+    )
+    outputs = scheduler.update_from_output(after, ran)
+    assert [(o.request_id, o.finish_reason, o.new_token_ids) for o in outputs[0].outputs] == [
+        ("later", None, [7])
+    ]
 
 
 def test_only_a_peer_that_went_away_is_waited_for() -> None:

@@ -6,8 +6,10 @@ started on the same rendezvous port: the Attention engine stays healthy, holds t
 flight, runs it again on the new FFN engine, and no request fails; every completion equals the
 one the pair gave before the kill, token for token. Then the Attention engine is killed and
 restarted, also under load: the FFN engine stays up, waits for it, and serves it. Each side's
-``afd_reconnects_total`` counts its reconnect. At the end nothing is left running and every port
-is free.
+``afd_reconnects_total`` counts its reconnect. Last, the FFN engine is killed and stays away past
+the Attention engine's timeout: the request in flight fails (HTTP 500, counted as an error
+finish), the Attention engine stays up, and serves the same tokens again once a new FFN engine
+started. At the end nothing is left running and every port is free.
 
 Requests run with ``--max-num-seqs 1`` and no prefix caching, so every completion of a prompt is
 computed in the same batch shapes (test_serve_pair.py says why that matters on the CPU).
@@ -27,6 +29,8 @@ from afd_models.testing import serve
 PROMPTS = ["Hello world, the license", "The quick brown fox", "Attention and experts"]
 MAX_TOKENS = 16
 RESTART_S = 240
+#: the restarted Attention engine's peer_restart_timeout_s: the FFN engine stays away longer
+LOST_AFTER_S = 20
 START_TIMEOUT_S = 600
 #: what the Attention engine's requests may take while an FFN engine restarts
 REQUEST_TIMEOUT_S = RESTART_S + 60
@@ -100,16 +104,19 @@ def test_either_role_restarts_under_load_without_losing_a_request(
     start_ffn: Callable[[str], serve.Server] = lambda name: serve.start_ffn(  # noqa: E731
         name, model, ffn_port, logs, afd, cpu=serve.cpu(1), env=prometheus(name)
     )
-    start_attention: Callable[[str], serve.Server] = lambda name: serve.start_attention(  # noqa: E731
-        name,
-        model,
-        attention_port,
-        logs,
-        afd,
-        cpu=serve.cpu(0),
-        extra=SAME_BATCHES,
-        env=prometheus(name),
-    )
+
+    def start_attention(name: str, restart_s: float = RESTART_S) -> serve.Server:
+        return serve.start_attention(
+            name,
+            model,
+            attention_port,
+            logs,
+            {**afd, "peer_restart_timeout_s": restart_s},
+            cpu=serve.cpu(0),
+            extra=(*SAME_BATCHES, "--scheduler-cls", "afd_models.scheduler.AFDScheduler"),
+            env=prometheus(name),
+        )
+
     servers = [start_ffn("restart-ffn-1"), start_attention("restart-attention-1")]
     ffn, attention = servers
     try:
@@ -140,13 +147,32 @@ def test_either_role_restarts_under_load_without_losing_a_request(
         load.stop()  # the requests in flight were the dead engine's own
         _wait_for_line(ffn, "waiting up to 240 s (peer_restart_timeout_s)", 60)
         assert serve.health(ffn) == 200 and ffn.alive()
-        attention = start_attention("restart-attention-2")
+        # (this one gives up on a step sooner, for the next part)
+        attention = start_attention("restart-attention-2", LOST_AFTER_S)
         servers.append(attention)
         serve.wait_ready([attention], START_TIMEOUT_S)
         assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
         assert serve.ran_compiled(attention), attention.log_tail()
         assert serve.metric_value(ffn, "afd_reconnects_total", **on_ffn) == 1
         assert serve.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1
+
+        # --- the FFN engine stays away past the timeout: the request fails, the engine stays
+        # up, and serves again once an FFN engine is back
+        serve.kill_group(ffn)
+        started = time.monotonic()
+        with pytest.raises(serve.ServerError, match="completion answered 500"):
+            serve.complete(attention, PROMPTS[0], MAX_TOKENS, REQUEST_TIMEOUT_S)
+        assert time.monotonic() - started >= LOST_AFTER_S
+        _wait_for_line(attention, "failing the step's 1 requests (the engine stays up", 30)
+        assert serve.health(attention) == 200 and attention.alive()
+        errors = {"finished_reason": "error"}
+        assert serve.metric_value(attention, "vllm:request_success_total", **errors) == 1
+        ffn = start_ffn("restart-ffn-3")
+        servers.append(ffn)
+        _wait_for_line(ffn, "AFD gloo ffn: hosting group 0", START_TIMEOUT_S)
+        assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
+        assert serve.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
+        assert serve.metric_value(attention, "vllm:request_success_total", **errors) == 1
     finally:
         codes = {s.name: serve.stop(s) for s in reversed(servers)}
     assert not any(serve.group_alive(s) for s in servers)

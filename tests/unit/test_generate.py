@@ -8,8 +8,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from codegen.generate import LOCK_PATH
-from codegen.lock import calls_super
+from codegen.generate import LOCK_PATH, calls_super
 from codegen.pipeline import Context, generate, up_to_date, write_output
 from codegen.registry import GENERATED_ROOT
 
@@ -170,7 +169,19 @@ def test_up_to_date_notices_overlay_changes(tmp_path: Path) -> None:
             "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w'),)})\nclass A(Base):\n"
             "    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n        return a",
             ["OVL001"],
-        ),  # relies on a method it overrides
+        ),  # relies on a method its override replaces without calling super()
+        (
+            "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w'),)})\nclass A(Base):\n"
+            "    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+            "        return super().helper(a, b=b)",
+            [],
+        ),  # an override that runs upstream's body through super() may rely on it
+        (
+            "@subclass(relies_on={'helper': (contract('a - b', id='subtracts', if_broken='w'),)})\nclass A(Base):\n"
+            "    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+            "        return super().helper(a, b=b)",
+            ["CTR002"],
+        ),
         # contracts of relied-on methods
         (
             "@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w'),)})\nclass A(Base):\n    pass",

@@ -96,6 +96,31 @@ def test_contract_matching_elsewhere_is_review(upstream_copy: Path, tmp_path: Pa
     }
 
 
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+UPDATE_FROM_OUTPUT = "vllm.v1.core.sched.scheduler:Scheduler.update_from_output"
+
+
+def test_breaking_a_contract_of_a_body_an_override_runs_through_super_blocks(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    """The AFD scheduler's override hands upstream's body the requests of a failed step in the
+    set it finishes with an error: upstream no longer finishing that set blocks, although a body
+    our overrides extend through super() is otherwise only info."""
+    findings = drift(
+        upstream_copy,
+        tmp_path,
+        {
+            SCHEDULER: once(
+                "error_req_ids = set(self.grammar_compile_error_reqs)",
+                "error_req_ids = set()",
+            )
+        },
+    )
+    contract = f"{UPDATE_FROM_OUTPUT}#error-requests-collected"
+    assert alarms(findings) == {("DRF070", "block", contract)}
+    assert "clients would wait for tokens" in by_code(findings, "DRF070")[contract].message
+
+
 # --- an override that never calls super(): only the signature matters ----------------------------
 
 

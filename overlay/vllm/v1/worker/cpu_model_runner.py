@@ -5,8 +5,8 @@ connector before loading the model (config checks; a loopback connector builds i
 first), connects to the FFN role once the model is loaded (the handshake compares the loaded
 models; the FFN role computes during vLLM's profiling forward, which comes later) and binds the
 connector to the model's remote proxies, and runs a step again when its FFN peer was restarted
-during it (``peer_restart_timeout_s``); the FFN runner loads the FFN half, connects and serves
-steps.
+during it (``peer_restart_timeout_s``), or fails the step's requests when none came back in time;
+the FFN runner loads the FFN half, connects and serves steps.
 """
 
 import functools
@@ -18,13 +18,17 @@ from vllm.compilation.cuda_graph import CUDAGraphStat, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor
 from vllm.sequence import IntermediateTensors
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
+from afd_models.connectors.base import AFDPeerLostError
 from afd_models.dbo import split_single_rank
 from afd_models.ffn_server import FFNServer
 from afd_models.generated import generated_subclass
 from afd_models.runner_roles import (
+    fail_lost_step,
     forward_across_restarts,
     load_attention,
     load_ffn,
@@ -97,6 +101,20 @@ class AFDAttentionModelRunner(CPUModelRunner):
             **model_kwargs,
         )
         return forward_across_restarts(self, forward)
+
+    @override
+    @torch.inference_mode()
+    def execute_model(
+        self,
+        scheduler_output: "SchedulerOutput",
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | IntermediateTensors | None:
+        try:
+            return super().execute_model(scheduler_output, intermediate_tensors)
+        except AFDPeerLostError as lost:
+            # no FFN engine came back within peer_restart_timeout_s: the step's requests fail
+            # (the AFD scheduler finishes them with an error) and the engine stays up
+            return fail_lost_step(scheduler_output, lost)
 
     @override
     def _determine_batch_execution_and_padding(

@@ -1,0 +1,43 @@
+"""A step the Attention engine failed because its FFN peer stayed away.
+
+With ``peer_restart_timeout_s``, a step whose FFN engine went away waits for a restarted one
+(:func:`afd_models.runner_roles.forward_across_restarts`). When none came back in time, the
+Attention runner returns a :class:`FailedStepOutput` in place of the step's output: it names
+the step's requests and samples no token for them. vLLM's engine core hands it to the scheduler
+unsampled (a step whose ``execute_model`` returned an output is not sampled), and the AFD
+scheduler (``--scheduler-cls afd_models.scheduler.AFDScheduler``) finishes those requests with
+an error through vLLM's own path. Nothing else stops: the engine serves its next step, which
+waits for an FFN engine again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.outputs import ModelRunnerOutput
+
+
+@dataclass
+class FailedStepOutput(ModelRunnerOutput):
+    """The output of a step that did not run: no token for any of its requests, and why."""
+
+    #: why the step failed (the Attention worker logged it)
+    afd_error: str = ""
+
+
+def failed_step_output(scheduler_output: Any, error: str) -> FailedStepOutput:
+    """The failed output of the step ``scheduler_output`` scheduled."""
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    return FailedStepOutput(
+        req_ids=req_ids,
+        req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
+        afd_error=error,
+    )
+
+
+def failed_requests(model_runner_output: Any) -> list[str]:
+    """The requests of a failed step (none for a step that ran)."""
+    if isinstance(model_runner_output, FailedStepOutput):
+        return model_runner_output.req_ids
+    return []
