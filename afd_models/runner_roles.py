@@ -8,6 +8,7 @@ decorators and graph wrapper; their bodies call these for the part that is the s
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -23,6 +24,7 @@ from afd_models.connectors.base import (
     FFNConnector,
 )
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
+from afd_models.connectors.p2p import PROBE_EVERY_S
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.graphs import (
     GRAPH_CLASSES,
@@ -123,10 +125,20 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
     Running it again only rewrites the KV-cache slots the first run wrote, with the same values:
     sampling comes after the forward, and the step's inputs are prepared before it. Only a peer
     that went away (:class:`AFDPeerGoneError`) is waited for, and the retries of one step share
-    one ``peer_restart_timeout_s``. When it is 0 the error goes up as before; past it (or when
-    the restarted FFN engine is refused) :class:`AFDPeerLostError` does, and
-    :func:`fail_lost_step` turns it into a failed step.
+    one ``peer_restart_timeout_s``. When it is 0 the error goes up as before. Past it, or when
+    connecting to the restarted FFN engine failed, :class:`AFDPeerLostError` goes up (the runner
+    fails the step, :func:`fail_lost_step`) and an :class:`FFNRejoin` connects the next FFN
+    engine; later steps wait for it, up to ``peer_restart_timeout_s`` each.
     """
+    rejoin: FFNRejoin | None = getattr(runner, "afd_rejoin", None)
+    if rejoin is not None:
+        restart_s = require_afd_config(runner.vllm_config.additional_config).peer_restart_timeout_s
+        if not rejoin.wait(restart_s):
+            raise AFDPeerLostError(
+                f"no FFN engine connected within peer_restart_timeout_s={restart_s:g} s since "
+                "a step was lost"
+            )
+        runner.afd_rejoin = None
     deadline = None
     while True:
         try:
@@ -134,17 +146,16 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
         except AFDPeerGoneError as exc:
             now = time.monotonic()
             if deadline is None:  # the config is read off the hot path, on the first failure
-                afd = require_afd_config(runner.vllm_config.additional_config)
-                if not afd.peer_restart_timeout_s:
+                restart_s = require_afd_config(
+                    runner.vllm_config.additional_config
+                ).peer_restart_timeout_s
+                if not restart_s:
                     raise
-                deadline = now + afd.peer_restart_timeout_s
+                deadline = now + restart_s
             gone = str(exc)
         # outside the except: the error's frames hold the old data plane until they go
         if now >= deadline:
-            raise AFDPeerLostError(
-                f"the FFN role went away during the step and no restarted FFN engine ran it "
-                f"within peer_restart_timeout_s: {gone}"
-            )
+            raise _lost(runner, restart_s, f"the FFN role went away again: {gone}")
         logger.warning(
             "AFD Attention: the FFN role went away during a step (%s); holding the step "
             "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
@@ -153,23 +164,77 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
         )
         try:
             runner.afd_connector.reconnect(deadline - now)
+            failed = None
         except AFDConnectionError as exc:
-            raise AFDPeerLostError(
-                f"no restarted FFN engine passed the handshake within peer_restart_timeout_s: {exc}"
-            ) from None
+            failed = str(exc)
+        if failed is not None:
+            raise _lost(runner, restart_s, f"connecting to a restarted FFN engine failed: {failed}")
         logger.info(
             "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
             time.monotonic() - now,
         )
 
 
+def _lost(runner: Any, restart_s: float, why: str) -> AFDPeerLostError:
+    """A step given up on within ``peer_restart_timeout_s``; the next FFN engine is connected
+    from the background from now on."""
+    runner.afd_rejoin = FFNRejoin(runner.afd_connector, restart_s)
+    return AFDPeerLostError(
+        f"the FFN role went away during the step, and it did not run within "
+        f"peer_restart_timeout_s={restart_s:g} s: {why}"
+    )
+
+
+class FFNRejoin:
+    """Connects an Attention worker whose step was lost to the next FFN engine that hosts the
+    group, from a background thread: without requests no step would, and a starting FFN engine
+    waits only its ``connect_timeout_s`` for its peers."""
+
+    def __init__(self, connector: Any, restart_s: float):
+        self._connector = connector
+        self._restart_s = restart_s
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="AFD-rejoin", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROBE_EVERY_S):
+            if not self._connector.ffn_is_hosting():
+                continue
+            try:
+                self._connector.reconnect(self._restart_s)
+            except AFDConnectionError as exc:
+                logger.warning(
+                    "AFD Attention: connecting to the FFN engine that hosts the group failed "
+                    "(%s); trying again",
+                    exc,
+                )
+                continue
+            if self._stop.is_set():  # the runner shut down meanwhile
+                self._connector.close()
+                return
+            logger.info("AFD Attention: an FFN engine connected; the next step runs on it")
+            self._connected.set()
+            return
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether an FFN engine connected within ``timeout_s``."""
+        return self._connected.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Stop looking for an FFN engine (a connect in progress still completes, then closes)."""
+        self._stop.set()
+        self._thread.join(2 * PROBE_EVERY_S)
+
+
 def fail_lost_step(scheduler_output: Any, lost: AFDPeerLostError) -> FailedStepOutput:
     """What the Attention runner returns for a step :func:`forward_across_restarts` gave up on:
     the AFD scheduler fails its requests, and the engine stays up for the next FFN engine."""
-    output = failed_step_output(scheduler_output, str(lost))
+    output = failed_step_output(scheduler_output)
     logger.error(
-        "AFD Attention: %s; failing the step's %d requests (the engine stays up, and the next "
-        "step waits for an FFN engine again)",
+        "AFD Attention: %s; failing the step's %d requests (the engine stays up, and an FFN "
+        "engine started later is connected as soon as it hosts the group)",
         lost,
         len(output.req_ids),
     )
@@ -177,13 +242,16 @@ def fail_lost_step(scheduler_output: Any, lost: AFDPeerLostError) -> FailedStepO
 
 
 def stop_role(runner: Any) -> None:
-    """Before upstream's shutdown: report the graph steps, stop the FFN server, close the
-    connector. The connector closes first because upstream's shutdown synchronizes the device,
+    """Before upstream's shutdown: report the graph steps, stop looking for an FFN engine, stop
+    the FFN server, close the connector. The connector closes first because upstream's shutdown synchronizes the device,
     which would wait forever on a transfer still pending on a peer that is gone (closing aborts
     it). Each part is optional: a runner that failed to load has none of them."""
     steps = getattr(runner, "afd_graph_steps", None)
     if steps is not None:
         steps.report()
+    rejoin = getattr(runner, "afd_rejoin", None)
+    if rejoin is not None:
+        rejoin.stop()
     server = getattr(runner, "afd_server", None)
     connector = getattr(runner, "afd_connector", None)
     try:

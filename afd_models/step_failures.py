@@ -6,8 +6,9 @@ Attention runner returns a :class:`FailedStepOutput` in place of the step's outp
 the step's requests and samples no token for them. vLLM's engine core hands it to the scheduler
 unsampled (a step whose ``execute_model`` returned an output is not sampled), and the AFD
 scheduler (``--scheduler-cls afd_models.scheduler.AFDScheduler``) finishes those requests with
-an error through vLLM's own path. Nothing else stops: the engine serves its next step, which
-waits for an FFN engine again.
+an error through vLLM's own path and takes the blocks they hold out of the prefix cache (the
+step wrote them only up to the layer it lost). Nothing else stops: the engine serves its next
+step once an FFN engine is connected again.
 """
 
 from __future__ import annotations
@@ -20,19 +21,15 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 @dataclass
 class FailedStepOutput(ModelRunnerOutput):
-    """The output of a step that did not run: no token for any of its requests, and why."""
-
-    #: why the step failed (the Attention worker logged it)
-    afd_error: str = ""
+    """The output of a step that did not run: no token for any of its requests (the Attention
+    worker logged why)."""
 
 
-def failed_step_output(scheduler_output: Any, error: str) -> FailedStepOutput:
+def failed_step_output(scheduler_output: Any) -> FailedStepOutput:
     """The failed output of the step ``scheduler_output`` scheduled."""
     req_ids = list(scheduler_output.num_scheduled_tokens)
     return FailedStepOutput(
-        req_ids=req_ids,
-        req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
-        afd_error=error,
+        req_ids=req_ids, req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)}
     )
 
 
@@ -41,3 +38,13 @@ def failed_requests(model_runner_output: Any) -> list[str]:
     if isinstance(model_runner_output, FailedStepOutput):
         return model_runner_output.req_ids
     return []
+
+
+def kv_blocks(kv_cache_manager: Any, req_ids: list[str]) -> set[int]:
+    """Every KV-cache block the requests ``req_ids`` hold, in every KV-cache group."""
+    return {
+        block
+        for req_id in req_ids
+        for group in kv_cache_manager.get_block_ids(req_id)
+        for block in group
+    }

@@ -90,6 +90,7 @@ def render_class(
     overlay = generated.overlay
     base_file = _module_file(generated.base.module, files)
     relied = [name for name in overlay.relies_on if name in generated.inherited]
+    relied_through_super = [name for name in overlay.relies_on if name not in generated.inherited]
     header = [
         f"{generated.name} <- {generated.base} ({versions.get(generated.base.module.split('.')[0], '?')})",
         f"  overlay:  {generated.overlay_path}:{overlay.line} class {overlay.name}",
@@ -102,6 +103,8 @@ def render_class(
     )
     if relied:
         header.append("  relies on inherited: " + ", ".join(relied))
+    if relied_through_super:
+        header.append("  relies on, through super(): " + ", ".join(relied_through_super))
     body: list[cst.BaseStatement] = []
     if overlay.docstring:
         body.append(

@@ -51,7 +51,7 @@ class Kind(enum.Enum):
     ANCHOR_INVALID = "ANC001"
     ANCHOR_LOST = "ANC002"
     ANCHOR_COUNT = "ANC003"
-    # contracts of relied-on inherited methods
+    # contracts of relied-on upstream methods
     CONTRACT_INVALID = "CTR001"
     CONTRACT_BROKEN = "CTR002"
     CONTRACT_COUNT = "CTR003"

@@ -259,7 +259,7 @@ class _Reader:
         if not isinstance(value, dict):
             self.problem(
                 node.lineno,
-                f"class {node.name}: relies_on must map each inherited method to its contracts, "
+                f"class {node.name}: relies_on must map each relied-on method to its contracts, "
                 f'e.g. {{"forward": (contract(...),)}}; got {type(value).__name__}',
             )
             return {}

@@ -20,7 +20,6 @@ from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_confi
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
 from afd_models.connectors.cam_ops import load_cam_p2p_ops
 from afd_models.log import exit_process
-from afd_models.scheduler import SCHEDULER_CLS, AFDScheduler
 from afd_models.topology import (
     TopologyError,
     check_attention_engine,
@@ -100,6 +99,9 @@ def check_failed_steps(vllm_config: VllmConfig, key: str) -> None:
     """Refuse an Attention engine that could not fail a step's requests and stay up once no FFN
     engine came back in time: that needs the AFD scheduler, which finishes them, and a
     synchronous engine core, which hands it the failed step unsampled."""
+    # generated code: imported where a restart is configured, not by every connector user
+    from afd_models.scheduler import SCHEDULER_CLS, AFDScheduler
+
     scheduler = vllm_config.scheduler_config
     if scheduler.async_scheduling:
         raise AFDConfigError(

@@ -268,13 +268,11 @@ class _Rendezvous:
             # each probe at most one progress interval, so a network that drops packets (a
             # firewall) still gets its progress lines
             wait_s = min(max(deadline - time.monotonic(), 0.01), self.progress_every_s)
-            try:
-                with socket.create_connection((self.host, self.group.port), wait_s):
-                    return
-            except OSError as exc:
-                if time.monotonic() >= deadline:
-                    raise self._no_group(exc) from None
-                last = str(exc)  # the text only: the error's frames would keep its socket alive
+            last = _probe(self.host, self.group.port, wait_s)
+            if last is None:
+                return
+            if time.monotonic() >= deadline:
+                raise self._no_group(last)
             if time.monotonic() >= report:
                 report += self.progress_every_s
                 logger.info(
@@ -290,7 +288,7 @@ class _Rendezvous:
                 )
             time.sleep(max(min(PROBE_EVERY_S, deadline - time.monotonic()), 0.0))
 
-    def _no_group(self, exc: BaseException) -> AFDConnectionError:
+    def _no_group(self, exc: BaseException | str) -> AFDConnectionError:
         return AFDConnectionError(
             f"{self.prefix}: no connector group at {self.where} within "
             f"{self.connect_timeout_s:.0f} s (is the other role running with the same host/port?): {exc}"
@@ -441,6 +439,10 @@ class P2PAttentionConnector(AFDConnector):
         if self.metrics is not None:
             self.metrics.reconnected()
 
+    def ffn_is_hosting(self) -> bool:
+        """Whether an FFN worker hosts this connector's group now (one probe of its store)."""
+        return _probe(self._group.host, self._group.group.port, PROBE_EVERY_S) is None
+
     def _connect_step_channel(self, extra: P2PExtraConfig) -> socket.socket:
         """Open the step channel and pass the handshake; the channel is closed if either fails."""
         where, rank = self._group.where, self.fingerprint.role_rank
@@ -454,7 +456,13 @@ class P2PAttentionConnector(AFDConnector):
         try:
             channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             channel.settimeout(extra.timeout_s)
-            channel.sendall(_RANK.pack(self._group.group_rank) + self.fingerprint.encode())
+            try:
+                channel.sendall(_RANK.pack(self._group.group_rank) + self.fingerprint.encode())
+            except OSError as exc:
+                raise AFDPeerGoneError(
+                    f"{self._prefix}: the FFN worker at {where} closed the step channel before "
+                    f"the handshake: {exc}"
+                ) from None
             kind, text = self._answer(channel, where, f"within {extra.timeout_s:.0f} s")
             if kind == REFUSED:
                 raise AFDConnectionError(
@@ -550,8 +558,7 @@ class P2PAttentionConnector(AFDConnector):
     @property
     def _live_steps(self) -> socket.socket:
         if self._steps is None:
-            # closed: no FFN worker came back within peer_restart_timeout_s, and this step
-            # waits for one again (or the runner shut down, and no step follows)
+            # closed: its FFN worker went away (or the runner shut down, and no step follows)
             raise AFDPeerGoneError(
                 f"AFD {self._group.plane.name} connector at {self._group.where} is closed "
                 "(no FFN worker is connected)"
@@ -580,6 +587,16 @@ class P2PAttentionConnector(AFDConnector):
         self._group.close()
         if self.metrics is not None:
             self.metrics.connected(False)
+
+
+def _probe(host: str, port: int, timeout_s: float) -> str | None:
+    """None when something accepts connections at ``host:port`` within ``timeout_s``, else why
+    not. A plain TCP probe: a ``TCPStore`` client that gives up logs a C++ stack trace."""
+    try:
+        with socket.create_connection((host, port), timeout_s):
+            return None
+    except OSError as exc:
+        return str(exc)  # the text only: the error's frames would keep its socket alive
 
 
 class _PeerWatchdog:

@@ -29,7 +29,7 @@ from afd_models.config import AFDConfigError, P2PExtraConfig, parse_afd_config
 from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, AFDPeerLostError
 from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
 from afd_models.ffn_server import FFNServer
-from afd_models.runner_roles import fail_lost_step, forward_across_restarts
+from afd_models.runner_roles import FFNRejoin, fail_lost_step, forward_across_restarts
 from afd_models.scheduler import SCHEDULER_CLS
 from afd_models.step_failures import failed_requests, failed_step_output
 from afd_models.testing.serve import free_port, port_is_free
@@ -175,16 +175,19 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
         with pytest.raises(AFDPeerGoneError):
             forward_across_restarts(runner, lambda: _forward(connector, hidden))
         assert time.monotonic() - started < 3
-        # with one, the step is lost once it passed, and the next step waits for an FFN again
+        # with one, the step is lost once it passed, and so is the next while no FFN is back
         runner.vllm_config = _config("attention", 2)
-        started = time.monotonic()
-        with pytest.raises(AFDPeerLostError, match="within peer_restart_timeout_s"):
-            forward_across_restarts(runner, lambda: _forward(connector, hidden))
-        assert 2 <= time.monotonic() - started < 8
+        for lost in ("connecting to a restarted FFN engine failed", "no FFN engine connected"):
+            started = time.monotonic()
+            with pytest.raises(AFDPeerLostError, match=lost):
+                forward_across_restarts(runner, lambda: _forward(connector, hidden))
+            assert 2 <= time.monotonic() - started < 8
+        # an FFN engine started later is connected from the background, before any step
         third.start()
-        runner.vllm_config = _config("attention", 60)
+        assert runner.afd_rejoin.wait(60)
+        assert _sample("afd_peer_connected", "attention", "ffn0") == 1
         out = forward_across_restarts(runner, lambda: _forward(connector, hidden + 2))
-        assert torch.equal(out, _expected(hidden + 2))
+        assert torch.equal(out, _expected(hidden + 2)) and runner.afd_rejoin is None
         assert steps[2].get(timeout=30) == [0]
         assert _sample("afd_reconnects_total", "attention", "ffn0") == reconnects + 2
     finally:
@@ -340,6 +343,23 @@ def test_an_attention_engine_that_could_not_fail_a_lost_step_is_refused(
     check_restart(engine, parse_afd_config({"role": "ffn", "peer_restart_timeout_s": 120, **extra}))
 
 
+def test_looking_for_an_ffn_engine_stops_at_once() -> None:
+    """A shutdown while no FFN engine hosts the group ends the background rejoin at once."""
+
+    class NoFFN:
+        def ffn_is_hosting(self) -> bool:
+            return False
+
+        def reconnect(self, connect_timeout_s: float) -> None:
+            raise AssertionError("connected with no FFN engine hosting the group")
+
+    rejoin = FFNRejoin(NoFFN(), 60)
+    assert not rejoin.wait(1.5)
+    started = time.monotonic()
+    rejoin.stop()
+    assert time.monotonic() - started < 1.5
+
+
 def test_a_lost_step_fails_its_requests() -> None:
     """The output the Attention runner returns for a lost step names the step's requests, samples
     nothing for them, and is the only output whose requests the AFD scheduler fails."""
@@ -347,7 +367,7 @@ def test_a_lost_step_fails_its_requests() -> None:
     with AFDLines() as lines:
         output = fail_lost_step(scheduled, AFDPeerLostError("no FFN engine within 2 s"))
     assert output.req_ids == ["a", "b"] and output.req_id_to_index == {"a": 0, "b": 1}
-    assert output.sampled_token_ids == [] and output.afd_error == "no FFN engine within 2 s"
+    assert output.sampled_token_ids == []
     assert failed_requests(output) == ["a", "b"]
     assert failed_requests(ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})) == []
     assert any("failing the step's 2 requests (the engine stays up" in line for line in lines)
@@ -355,10 +375,12 @@ def test_a_lost_step_fails_its_requests() -> None:
 
 def test_the_afd_scheduler_fails_the_requests_of_a_lost_step_and_goes_on(tiny_v2: Path) -> None:
     """vLLM's scheduler, as the AFD one, given a lost step: its requests finish with an error
-    (nothing sampled), leave the runner's batch with the next step, and the requests that came
-    after are scheduled as usual."""
+    (nothing sampled), leave the runner's batch with the next step, the blocks the step wrote
+    leave the prefix cache, and the requests that came after are scheduled as usual."""
     from vllm.config import CacheConfig, ModelConfig
     from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.engine import FinishReason
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.request import Request
@@ -371,26 +393,34 @@ def test_the_afd_scheduler_fails_the_requests_of_a_lost_step_and_goes_on(tiny_v2
         cache_config=CacheConfig(block_size=16),
     )
     config.cache_config.num_gpu_blocks = 16  # what the engine sets once it measured the KV cache
+    # vLLM's CPU platform turns prefix caching off for an MLA model; the scheduler keeps it
+    config.cache_config.enable_prefix_caching = True
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
     kv_cache = KVCacheConfig(
         num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     scheduler = AFDScheduler(config, kv_cache, StructuredOutputManager(config), block_size=16)
+    init_none_hash(sha256)
+    block_hasher = get_request_block_hasher(16, sha256)
 
-    def add(request_id: str) -> None:
-        scheduler.add_request(Request(request_id, [1, 2, 3], SamplingParams(max_tokens=4), None))
+    def add(request_id: str, prompt: list[int]) -> None:
+        request = Request(
+            request_id, prompt, SamplingParams(max_tokens=4), None, block_hasher=block_hasher
+        )
+        scheduler.add_request(request)
 
-    add("lost-0")
-    add("lost-1")
+    add("lost-0", list(range(1, 41)))  # two full blocks of 16, which upstream caches at once
+    add("lost-1", [1, 2, 3])
     lost = scheduler.schedule()
-    add("later")
-    outputs = scheduler.update_from_output(lost, failed_step_output(lost, "no FFN engine"))
+    assert lost.num_scheduled_tokens == {"lost-0": 40, "lost-1": 3}
+    add("later", list(range(1, 41)))  # the same prompt: no hit on blocks the lost step wrote
+    outputs = scheduler.update_from_output(lost, failed_step_output(lost))
     finished = sorted((o.request_id, o.finish_reason, o.new_token_ids) for o in outputs[0].outputs)
     assert finished == [("lost-0", FinishReason.ERROR, []), ("lost-1", FinishReason.ERROR, [])]
     assert scheduler.get_num_unfinished_requests() == 1
     after = scheduler.schedule()
     assert after.finished_req_ids == {"lost-0", "lost-1"}
-    assert list(after.num_scheduled_tokens) == ["later"]
+    assert after.num_scheduled_tokens == {"later": 40}
     # a step that ran is no failure: its request goes on with the sampled token
     ran = ModelRunnerOutput(
         req_ids=["later"], req_id_to_index={"later": 0}, sampled_token_ids=[[7]]

@@ -8,8 +8,8 @@ one the pair gave before the kill, token for token. Then the Attention engine is
 restarted, also under load: the FFN engine stays up, waits for it, and serves it. Each side's
 ``afd_reconnects_total`` counts its reconnect. Last, the FFN engine is killed and stays away past
 the Attention engine's timeout: the request in flight fails (HTTP 500, counted as an error
-finish), the Attention engine stays up, and serves the same tokens again once a new FFN engine
-started. At the end nothing is left running and every port is free.
+finish), the Attention engine stays up, connects to a new FFN engine with no request in flight,
+and serves the same tokens again. At the end nothing is left running and every port is free.
 
 Requests run with ``--max-num-seqs 1`` and no prefix caching, so every completion of a prompt is
 computed in the same batch shapes (test_serve_pair.py says why that matters on the CPU).
@@ -169,7 +169,9 @@ def test_either_role_restarts_under_load_without_losing_a_request(
         assert serve.metric_value(attention, "vllm:request_success_total", **errors) == 1
         ffn = start_ffn("restart-ffn-3")
         servers.append(ffn)
-        _wait_for_line(ffn, "AFD gloo ffn: hosting group 0", START_TIMEOUT_S)
+        # with no request in flight: its API server comes up once the Attention engine connected
+        serve.wait_ready([ffn], START_TIMEOUT_S)
+        _wait_for_line(attention, "an FFN engine connected; the next step runs on it", 30)
         assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
         assert serve.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
         assert serve.metric_value(attention, "vllm:request_success_total", **errors) == 1

@@ -4,7 +4,8 @@ With ``peer_restart_timeout_s``, the Attention engine is launched with ``--sched
 afd_models.scheduler.AFDScheduler``. When its FFN peer stayed away past the timeout, the Attention
 runner returns a failed step (:class:`afd_models.step_failures.FailedStepOutput`) in place of the
 step's output; this scheduler finishes its requests with an error through vLLM's own error path,
-the one that fails requests whose grammar did not compile, and the engine keeps serving.
+the one that fails requests whose grammar did not compile, takes the blocks the step wrote out of
+the prefix cache, and the engine keeps serving.
 """
 
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -12,7 +13,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 
-from afd_models.step_failures import failed_requests
+from afd_models.step_failures import failed_requests, kv_blocks
 from codegen.markers import contract, override, subclass
 
 
@@ -45,7 +46,12 @@ class AFDScheduler(Scheduler):
         scheduler_output: SchedulerOutput,
         model_runner_output: ModelRunnerOutput,
     ) -> dict[int, EngineCoreOutputs]:
-        # upstream finishes the requests of this set with FINISHED_ERROR once it processed the
-        # step (a failed step sampled no token for them)
-        self.grammar_compile_error_reqs.update(failed_requests(model_runner_output))
+        failed = failed_requests(model_runner_output)
+        if failed:
+            # upstream cached the step's full blocks when it scheduled it, but the lost step
+            # wrote their KV cache only up to the layer it lost: no later request may hit them
+            self.kv_cache_manager.evict_blocks(kv_blocks(self.kv_cache_manager, failed))
+            # upstream finishes the requests of this set with FINISHED_ERROR once it processed
+            # the step (a failed step sampled no token for them)
+            self.grammar_compile_error_reqs.update(failed)
         return super().update_from_output(scheduler_output, model_runner_output)
