@@ -130,16 +130,17 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
     fails the step, :func:`fail_lost_step`) and an :class:`FFNRejoin` connects the next FFN
     engine; later steps wait for it, up to ``peer_restart_timeout_s`` each.
     """
+    deadline = None
     rejoin: FFNRejoin | None = getattr(runner, "afd_rejoin", None)
-    if rejoin is not None:
+    if rejoin is not None:  # one budget for the whole step: the wait and any retry after it
         restart_s = require_afd_config(runner.vllm_config.additional_config).peer_restart_timeout_s
+        deadline = time.monotonic() + restart_s
         if not rejoin.wait(restart_s):
             raise AFDPeerLostError(
                 f"no FFN engine connected within peer_restart_timeout_s={restart_s:g} s since "
                 "a step was lost"
             )
         runner.afd_rejoin = None
-    deadline = None
     while True:
         try:
             return forward()
@@ -200,18 +201,17 @@ class FFNRejoin:
 
     def _run(self) -> None:
         while not self._stop.wait(PROBE_EVERY_S):
-            if not self._connector.ffn_is_hosting():
-                continue
             try:
+                if not self._connector.ffn_is_hosting():
+                    continue
                 self._connector.reconnect(self._restart_s)
-            except AFDConnectionError as exc:
-                logger.warning(
-                    "AFD Attention: connecting to the FFN engine that hosts the group failed "
-                    "(%s); trying again",
-                    exc,
+            except Exception:  # whatever failed, the next FFN engine is still to be connected
+                logger.exception(
+                    "AFD Attention: connecting to the FFN engine that hosts the group failed; "
+                    "trying again"
                 )
                 continue
-            if self._stop.is_set():  # the runner shut down meanwhile
+            if self._stop.is_set():  # the runner shut down meanwhile: this thread owns it
                 self._connector.close()
                 return
             logger.info("AFD Attention: an FFN engine connected; the next step runs on it")
@@ -222,10 +222,12 @@ class FFNRejoin:
         """Whether an FFN engine connected within ``timeout_s``."""
         return self._connected.wait(timeout_s)
 
-    def stop(self) -> None:
-        """Stop looking for an FFN engine (a connect in progress still completes, then closes)."""
+    def stop(self) -> bool:
+        """Stop looking for an FFN engine. False when a connect is still in progress: the
+        thread then closes the connector itself once it returns."""
         self._stop.set()
         self._thread.join(2 * PROBE_EVERY_S)
+        return not self._thread.is_alive()
 
 
 def fail_lost_step(scheduler_output: Any, lost: AFDPeerLostError) -> FailedStepOutput:
@@ -243,17 +245,18 @@ def fail_lost_step(scheduler_output: Any, lost: AFDPeerLostError) -> FailedStepO
 
 def stop_role(runner: Any) -> None:
     """Before upstream's shutdown: report the graph steps, stop looking for an FFN engine, stop
-    the FFN server, close the connector. The connector closes first because upstream's shutdown synchronizes the device,
-    which would wait forever on a transfer still pending on a peer that is gone (closing aborts
-    it). Each part is optional: a runner that failed to load has none of them."""
+    the FFN server, close the connector. The connector closes first because upstream's shutdown
+    synchronizes the device, which would wait forever on a transfer still pending on a peer that
+    is gone (closing aborts it). Each part is optional: a runner that failed to load has none of
+    them."""
     steps = getattr(runner, "afd_graph_steps", None)
     if steps is not None:
         steps.report()
     rejoin = getattr(runner, "afd_rejoin", None)
-    if rejoin is not None:
-        rejoin.stop()
     server = getattr(runner, "afd_server", None)
     connector = getattr(runner, "afd_connector", None)
+    if rejoin is not None and not rejoin.stop():
+        connector = None  # still connecting: the rejoin thread closes it
     try:
         if server is not None:
             server.stop()

@@ -7,7 +7,7 @@ the step's requests and samples no token for them. vLLM's engine core hands it t
 unsampled (a step whose ``execute_model`` returned an output is not sampled), and the AFD
 scheduler (``--scheduler-cls afd_models.scheduler.AFDScheduler``) finishes those requests with
 an error through vLLM's own path and takes the blocks they hold out of the prefix cache (the
-step wrote them only up to the layer it lost). Nothing else stops: the engine serves its next
+step wrote some of them only up to the layer it lost). Nothing else stops: the engine serves its next
 step once an FFN engine is connected again.
 """
 

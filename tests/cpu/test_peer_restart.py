@@ -343,21 +343,83 @@ def test_an_attention_engine_that_could_not_fail_a_lost_step_is_refused(
     check_restart(engine, parse_afd_config({"role": "ffn", "peer_restart_timeout_s": 120, **extra}))
 
 
-def test_looking_for_an_ffn_engine_stops_at_once() -> None:
-    """A shutdown while no FFN engine hosts the group ends the background rejoin at once."""
+def test_looking_for_an_ffn_engine_survives_errors_and_stops() -> None:
+    """The background rejoin: a shutdown while no FFN engine hosts the group ends it at once; an
+    unexpected error while connecting is logged and tried again; a shutdown during a connect
+    leaves the connector to the thread, which closes it once the connect returned."""
 
-    class NoFFN:
+    class FFN:
+        def __init__(self, hosting: bool, connect_s: float = 0.0, fail_first: bool = False):
+            self.hosting, self.connect_s, self.fail_first = hosting, connect_s, fail_first
+            self.connects = self.closes = 0
+
         def ffn_is_hosting(self) -> bool:
-            return False
+            return self.hosting
 
         def reconnect(self, connect_timeout_s: float) -> None:
-            raise AssertionError("connected with no FFN engine hosting the group")
+            self.connects += 1
+            time.sleep(self.connect_s)
+            if self.fail_first and self.connects == 1:
+                raise RuntimeError("gloo: unexpected")
 
-    rejoin = FFNRejoin(NoFFN(), 60)
+        def close(self) -> None:
+            self.closes += 1
+
+    absent = FFN(hosting=False)
+    rejoin = FFNRejoin(absent, 60)
     assert not rejoin.wait(1.5)
     started = time.monotonic()
-    rejoin.stop()
-    assert time.monotonic() - started < 1.5
+    assert rejoin.stop() is True
+    assert time.monotonic() - started < 1.5 and absent.connects == 0
+
+    flaky = FFN(hosting=True, fail_first=True)
+    with AFDLines() as lines:
+        assert FFNRejoin(flaky, 60).wait(10)
+    assert flaky.connects == 2 and any("trying again" in line for line in lines), lines
+
+    slow = FFN(hosting=True, connect_s=3)
+    rejoin = FFNRejoin(slow, 60)
+    time.sleep(1)  # the connect is under way
+    assert rejoin.stop() is False and slow.closes == 0
+    deadline = time.monotonic() + 10
+    while slow.closes == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert not rejoin.wait(0) and slow.closes == 1
+
+
+def test_a_step_after_a_lost_one_has_one_budget() -> None:
+    """A step that waited for the background rejoin retries only within what is left of its
+    peer_restart_timeout_s (the mp executor's bound counts one budget per step)."""
+
+    class Returning:
+        def __init__(self) -> None:
+            self.timeouts: list[float] = []
+
+        def ffn_is_hosting(self) -> bool:
+            return True
+
+        def reconnect(self, connect_timeout_s: float) -> None:
+            self.timeouts.append(connect_timeout_s)
+            time.sleep(min(connect_timeout_s, 1.0))
+
+    connector = Returning()
+    runner = SimpleNamespace(
+        vllm_config=_config("attention", 3),
+        afd_connector=connector,
+        afd_rejoin=FFNRejoin(connector, 3),
+    )
+
+    def forward() -> None:
+        raise AFDPeerGoneError("the FFN engine went away again")
+
+    started = time.monotonic()
+    with pytest.raises(AFDPeerLostError, match="went away again"):
+        forward_across_restarts(runner, forward)
+    assert time.monotonic() - started < 3 + 1
+    assert connector.timeouts[0] == 3 and all(t < 2 for t in connector.timeouts[1:])
+    assert len(connector.timeouts) >= 2
+    runner.afd_rejoin.stop()
 
 
 def test_a_lost_step_fails_its_requests() -> None:
