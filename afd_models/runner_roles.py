@@ -196,10 +196,23 @@ class FFNRejoin:
         self._restart_s = restart_s
         self._stop = threading.Event()
         self._connected = threading.Event()
+        # who closes the connector after a stop: the thread when it was still running then
+        self._ownership = threading.Lock()
+        self._finished = self._abandoned = False
         self._thread = threading.Thread(target=self._run, name="AFD-rejoin", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._connect()
+        finally:
+            with self._ownership:
+                self._finished = True
+                abandoned = self._abandoned
+            if abandoned:  # the runner shut down while this thread ran: it closes the connector
+                self._connector.close()
+
+    def _connect(self) -> None:
         while not self._stop.wait(PROBE_EVERY_S):
             try:
                 if not self._connector.ffn_is_hosting():
@@ -211,11 +224,9 @@ class FFNRejoin:
                     "trying again"
                 )
                 continue
-            if self._stop.is_set():  # the runner shut down meanwhile: this thread owns it
-                self._connector.close()
-                return
-            logger.info("AFD Attention: an FFN engine connected; the next step runs on it")
-            self._connected.set()
+            if not self._stop.is_set():
+                logger.info("AFD Attention: an FFN engine connected; the next step runs on it")
+                self._connected.set()
             return
 
     def wait(self, timeout_s: float) -> bool:
@@ -224,10 +235,12 @@ class FFNRejoin:
 
     def stop(self) -> bool:
         """Stop looking for an FFN engine. False when a connect is still in progress: the
-        thread then closes the connector itself once it returns."""
+        thread then closes the connector itself once it returns, connected or not."""
         self._stop.set()
         self._thread.join(2 * PROBE_EVERY_S)
-        return not self._thread.is_alive()
+        with self._ownership:
+            self._abandoned = not self._finished
+            return self._finished
 
 
 def fail_lost_step(scheduler_output: Any, lost: AFDPeerLostError) -> FailedStepOutput:

@@ -346,7 +346,7 @@ def test_an_attention_engine_that_could_not_fail_a_lost_step_is_refused(
 def test_looking_for_an_ffn_engine_survives_errors_and_stops() -> None:
     """The background rejoin: a shutdown while no FFN engine hosts the group ends it at once; an
     unexpected error while connecting is logged and tried again; a shutdown during a connect
-    leaves the connector to the thread, which closes it once the connect returned."""
+    leaves the connector to the thread, which closes it once the connect returned or failed."""
 
     class FFN:
         def __init__(self, hosting: bool, connect_s: float = 0.0, fail_first: bool = False):
@@ -377,15 +377,16 @@ def test_looking_for_an_ffn_engine_survives_errors_and_stops() -> None:
         assert FFNRejoin(flaky, 60).wait(10)
     assert flaky.connects == 2 and any("trying again" in line for line in lines), lines
 
-    slow = FFN(hosting=True, connect_s=3)
-    rejoin = FFNRejoin(slow, 60)
-    time.sleep(1)  # the connect is under way
-    assert rejoin.stop() is False and slow.closes == 0
-    deadline = time.monotonic() + 10
-    while slow.closes == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    assert not rejoin.wait(0) and slow.closes == 1
+    for slow in (FFN(hosting=True, connect_s=3), FFN(True, connect_s=3, fail_first=True)):
+        rejoin = FFNRejoin(slow, 60)
+        time.sleep(1)  # the connect is under way
+        assert rejoin.stop() is False and slow.closes == 0
+        deadline = time.monotonic() + 10
+        while slow.closes == 0:
+            assert time.monotonic() < deadline, "the connector was never closed"
+            time.sleep(0.1)
+        time.sleep(1)  # a failed connect is not tried again after a stop
+        assert not rejoin.wait(0) and slow.closes == 1 and slow.connects == 1
 
 
 def test_a_step_after_a_lost_one_has_one_budget() -> None:
