@@ -14,15 +14,13 @@ Two kinds of environment:
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "tools"))
-
-import cpu_env  # noqa: E402
 
 #: Test directories in the order they run: cheapest tiers first.
 TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
@@ -32,12 +30,28 @@ REQUIRED_TIERS = ("unit", "upstream", "cpu", "e2e_cpu")
 DURATIONS = "--durations=15"
 
 
+def _cpu_env(session: nox.Session, *args: str) -> str:
+    """What `python -m tools.cpu_env ARGS` prints, run by nox's own interpreter in the checkout
+    (it needs only the standard library; its progress goes to stderr as it runs)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.cpu_env", *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    if done.returncode != 0:
+        session.error(f"python -m tools.cpu_env {' '.join(args)} exited with {done.returncode}")
+    return done.stdout.strip()
+
+
+def _supported_versions(session: nox.Session) -> list[str]:
+    """The vLLM releases overlay/pins.toml supports, the primary first."""
+    return _cpu_env(session, "versions").split()
+
+
 def _cpu_python(session: nox.Session, version: str | None = None) -> str:
     """Create or reuse the CPU env of ``version`` (default: the primary pin; progress on stderr)
     and return its python."""
-    release = version or cpu_env.supported_versions()[0]
+    release = version or _supported_versions(session)[0]
     session.log(f"preparing the CPU env of vLLM {release}; a first build installs ~6 GB")
-    return str(cpu_env.ensure(ROOT, vllm_version=version))
+    return _cpu_env(session, "ensure", "--vllm-version", release)
 
 
 def _regenerate_with(session: nox.Session, python: str) -> None:
@@ -62,7 +76,7 @@ def _check_committed_with(session: nox.Session, python: str) -> None:
 def tests(session: nox.Session) -> None:
     """Static checks on the committed tree, every test tier this machine can run (gpu and npu skip with a reason), then the cpu and e2e_cpu tiers on each other supported vLLM release."""
     # every release's env first: one that cannot be built fails the run before any tier starts
-    pythons = {version: _cpu_python(session, version) for version in cpu_env.supported_versions()}
+    pythons = {version: _cpu_python(session, version) for version in _supported_versions(session)}
     run_tests(session, pythons)
 
 
@@ -116,7 +130,7 @@ def demo(session: nox.Session) -> None:
     """Build a tiny DeepSeek model, serve it as an AFD Attention+FFN pair and a plain baseline, compare."""
     python = _cpu_python(session)
     _regenerate_with(session, python)
-    session.run(python, "-m", "afd_models.demo", *session.posargs, external=True)
+    session.run(python, "-m", "afd_models.cli.demo", *session.posargs, external=True)
 
 
 @nox.session(reuse_venv=True, default=False)
@@ -148,7 +162,7 @@ def audit(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) on the project and mypy --strict on codegen/."""
+    """ruff (lint + format check) on the project and mypy --strict on codegen/, afd_models/ and tools/."""
     session.install("-e", ".[codegen]", "mypy==2.4.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -168,4 +182,4 @@ def benchmarks(session: nox.Session) -> None:
 @nox.session(name="npu-check", venv_backend="none", default=False)
 def npu_check(session: nox.Session) -> None:
     """Validate an Ascend NPU install (run `python -m nox` with the NPU environment's Python): codegen check with vLLM-Ascend's patches, one-layer parity."""
-    session.run(sys.executable, "tools/npu_check.py", *session.posargs, external=True)
+    session.run(sys.executable, "-m", "tools.npu_check", *session.posargs, external=True)

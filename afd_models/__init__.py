@@ -7,4 +7,6 @@ afd_models.workers.AFDAttentionCPUWorker`` and the registered model classes. The
 (``afd_models/_generated``, written by ``nox -s regenerate`` or the wheel build) is checked before
 it runs: by the AFD workers (which also report it missing) and by its own registry when first
 imported, so an AFD worker of a stale checkout fails at start with the command that fixes it.
+The commands operators run (tiny models, ``verify``, the demo) are :mod:`afd_models.cli`, which
+the runtime never imports; the runtime never imports the generator (``codegen``) either.
 """

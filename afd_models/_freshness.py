@@ -14,7 +14,7 @@ import importlib.metadata
 import json
 from pathlib import Path, PurePosixPath
 
-from codegen.registry import registry_data
+from afd_models.generated_registry import registry_data
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 GENERATED_DIR = PACKAGE_DIR / "_generated"

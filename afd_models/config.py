@@ -5,8 +5,9 @@
 Every bad value is an :class:`AFDConfigError` naming the key, the value and what is allowed,
 raised before any model or process group is built. Unknown keys are errors. Connector-specific
 settings live under ``connector_extra_config`` and are checked against the chosen connector's
-closed schema. Combinations are checked here too, naming both keys: the connector against the
-role, ``num_attention_ranks`` against ``num_ffn_ranks`` (the rule of
+closed schema. What each connector allows comes from its row of the connector table
+(:mod:`afd_models.connectors.specs`). Combinations are checked here too, naming both keys: the
+connector against the role, ``num_attention_ranks`` against ``num_ffn_ranks`` (the rule of
 :func:`afd_models.topology.check_topology`), ``port`` against ``num_ffn_ranks`` (FFN rank k
 listens on ``port + k``), ``rank_offset`` against the role's rank count, and
 ``peer_restart_timeout_s`` against the connector.
@@ -21,6 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from afd_models.connectors.specs import (
+    CONNECTORS,
+    PLATFORM_DEFAULTS,
+    SPECS,
+    Gate,
+    Value,
+    settings,
+)
 from afd_models.topology import MAX_PORT, TopologyError, check_ports, check_topology
 
 AFD_KEY = "afd"
@@ -45,95 +54,13 @@ class Role(enum.Enum):
 
 
 @dataclass(frozen=True)
-class P2PExtraConfig:
-    """``connector_extra_config`` of the point-to-point connectors (gloo and NCCL)."""
-
-    #: seconds to wait for the peer engine at start-up (either side may start first)
-    connect_timeout_s: float = 300.0
-    #: seconds any single send/receive may wait; a dead peer surfaces within this
-    timeout_s: float = 60.0
-    #: seconds the FFN role waits for the next step before it gives up and exits (one week)
-    idle_timeout_s: float = 7 * 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class LoopbackExtraConfig:
-    """``connector_extra_config`` of the in-process loopback connector (no settings)."""
-
-
-@dataclass(frozen=True)
-class CAMP2PExtraConfig(P2PExtraConfig):
-    """``connector_extra_config`` of the CAMP2P connector (Ascend NPU): the point-to-point
-    timeouts, the vector cores its A2E/E2A kernels run on, and the FFN role's force load balance
-    (read by :mod:`afd_models.force_load_balance`)."""
-
-    #: AIV (vector) cores each A2E/E2A kernel launch uses
-    core_num: int = 8
-    #: FFN role: replace the router's choice by an evenly spread expert cycle (profiling only)
-    force_load_balance: bool = False
-    #: 0: the cycle spans every expert; N > 0: each EP rank's first N local experts
-    force_load_balance_topn_per_rank: int = 0
-
-
-@dataclass(frozen=True)
-class CAMAsyncExtraConfig:
-    """``connector_extra_config`` of the CAM async connector (Ascend NPU, gate on Attention)."""
-
-    #: seconds to wait for every rank of the CAM world at start-up
-    connect_timeout_s: float = 300.0
-    #: the CAM dispatch quantizes routed activations to int8 with per-token scales
-    dynamic_quant: bool = False
-    #: FFN role: replace the router's choice by an evenly spread expert cycle (profiling only)
-    force_load_balance: bool = False
-    #: 0: the cycle spans every expert; N > 0: each EP rank's first N local experts
-    force_load_balance_topn_per_rank: int = 0
-
-
-#: connector name -> the type of its ``connector_extra_config``
-CONNECTORS: dict[str, type] = {
-    "GlooAFDConnector": P2PExtraConfig,
-    "NcclAFDConnector": P2PExtraConfig,
-    "LoopbackAFDConnector": LoopbackExtraConfig,
-    "CAMP2PAFDConnector": CAMP2PExtraConfig,
-    "CAMAsyncAFDConnector": CAMAsyncExtraConfig,
-}
-#: connectors that run the FFN half inside the Attention engine: refused for the FFN role
-ATTENTION_ONLY_CONNECTORS: frozenset[str] = frozenset({"LoopbackAFDConnector"})
-#: connector -> the vLLM platforms (``current_platform.device_type``) whose tensors it moves
-CONNECTOR_PLATFORMS: dict[str, tuple[str, ...]] = {
-    "GlooAFDConnector": ("cpu",),
-    "NcclAFDConnector": ("cuda",),
-    "LoopbackAFDConnector": ("cpu", "cuda", "npu"),
-    "CAMP2PAFDConnector": ("npu",),
-    "CAMAsyncAFDConnector": ("npu",),
-}
-#: connectors whose exchanges carry the MoE layers' routing: they need the gate on Attention
-GATE_ON_ATTENTION_CONNECTORS: frozenset[str] = frozenset({"CAMAsyncAFDConnector"})
-#: connectors whose exchanges carry hidden states only (CAMP2P's kernels move no router logits)
-GATE_ON_FFN_CONNECTORS: frozenset[str] = frozenset({"CAMP2PAFDConnector"})
-#: connectors that serve DBO micro-batches: an FFN half in another process. In-process (loopback)
-#: it would compute inside vLLM's micro-batch threads, where vLLM's MoE kernels refuse to run
-#: (``assert not dbo_enabled()`` without an async all2all), and gloo moves no CUDA tensors
-DBO_CONNECTORS: frozenset[str] = frozenset({"NcclAFDConnector"})
-#: connectors that survive a restart of the peer role (``peer_restart_timeout_s``): gloo, whose
-#: waits end with the peer's sockets. An NCCL or CAM transfer pending on a vanished peer waits on
-#: the device, where only an abort ends it, and their watchdogs end the process instead.
-RESTART_CONNECTORS: frozenset[str] = frozenset({"GlooAFDConnector"})
-#: the connector of a section that names none, by platform
-PLATFORM_CONNECTORS: dict[str, str] = {
-    "cpu": "GlooAFDConnector",
-    "cuda": "NcclAFDConnector",
-    "npu": "CAMP2PAFDConnector",
-}
-
-
-@dataclass(frozen=True)
 class AFDConfig:
     """Validated AFD settings of one engine."""
 
     #: which half of the model this engine serves
     role: Role
-    #: connector class name, a key of CONNECTORS; by default the platform's (PLATFORM_CONNECTORS)
+    #: connector name, a key of afd_models.connectors.specs.CONNECTORS; by default the
+    #: platform's (PLATFORM_DEFAULTS)
     connector: str = "GlooAFDConnector"
     #: address the connector's rendezvous listens on (FFN rank k hosts group k's): an IP
     #: literal or an RFC 1123 host name
@@ -164,7 +91,7 @@ class AFDConfig:
     #: handshake; the FFN role waits for a new Attention engine. 0 (the default): the worker fails
     #: at once, as it always did
     peer_restart_timeout_s: float = 0.0
-    #: the connector's own settings, already validated
+    #: the connector's own settings, already validated (an instance of its spec's extra_config)
     connector_extra_config: Any = field(default=None)
 
     @property
@@ -289,30 +216,18 @@ def _expert_count(key: str, value: object) -> int:
     return value
 
 
-_P2P_FIELDS: dict[str, Callable[[str, object], object]] = {
-    "connect_timeout_s": _seconds,
-    "timeout_s": _seconds,
-    "idle_timeout_s": _seconds,
-}
-_FORCE_LOAD_BALANCE_FIELDS: dict[str, Callable[[str, object], object]] = {
-    "force_load_balance": _boolean,
-    "force_load_balance_topn_per_rank": _expert_count,
-}
-_EXTRA_FIELDS: dict[type, dict[str, Callable[[str, object], object]]] = {
-    P2PExtraConfig: _P2P_FIELDS,
-    LoopbackExtraConfig: {},
-    CAMP2PExtraConfig: {**_P2P_FIELDS, "core_num": _core_num, **_FORCE_LOAD_BALANCE_FIELDS},
-    CAMAsyncExtraConfig: {
-        "connect_timeout_s": _seconds,
-        "dynamic_quant": _boolean,
-        **_FORCE_LOAD_BALANCE_FIELDS,
-    },
+#: how each kind of connector_extra_config setting is checked
+_VALUE_CHECKS: dict[Value, Callable[[str, object], object]] = {
+    Value.SECONDS: _seconds,
+    Value.BOOLEAN: _boolean,
+    Value.CORE_NUM: _core_num,
+    Value.EXPERT_COUNT: _expert_count,
 }
 
 
 def _extra(connector: str, value: object) -> Any:
-    schema = CONNECTORS[connector]
-    fields = _EXTRA_FIELDS[schema]
+    schema = CONNECTORS[connector].extra_config
+    fields = settings(schema)
     if not isinstance(value, Mapping):
         raise AFDConfigError(
             f"{_where('connector_extra_config')}={value!r} is not allowed; allowed: a JSON object"
@@ -323,7 +238,9 @@ def _extra(connector: str, value: object) -> Any:
         raise AFDConfigError(
             f"{_where('connector_extra_config')} has unknown key(s) {unknown} for {connector}; allowed: {allowed}"
         )
-    return schema(**{k: fields[k](f"connector_extra_config.{k}", v) for k, v in value.items()})
+    return schema(
+        **{k: _VALUE_CHECKS[fields[k]](f"connector_extra_config.{k}", v) for k, v in value.items()}
+    )
 
 
 _FIELDS = (
@@ -351,14 +268,14 @@ def current_device_type() -> str:
 
 def _default_connector(platform: str | None) -> str:
     device_type = current_device_type() if platform is None else platform
-    if device_type not in PLATFORM_CONNECTORS:
+    if device_type not in PLATFORM_DEFAULTS:
         raise AFDConfigError(
             f"{_where('connector')} is required on platform {device_type!r}, which has no default "
             f"connector; allowed: {', '.join(CONNECTORS)} (the defaults: "
-            + ", ".join(f"{c} on {p}" for p, c in PLATFORM_CONNECTORS.items())
+            + ", ".join(f"{c} on {p}" for p, c in PLATFORM_DEFAULTS.items())
             + ")"
         )
-    return PLATFORM_CONNECTORS[device_type]
+    return PLATFORM_DEFAULTS[device_type]
 
 
 def check_connector_platform(config: AFDConfig, device_type: str) -> None:
@@ -367,16 +284,16 @@ def check_connector_platform(config: AFDConfig, device_type: str) -> None:
     Raises:
         AFDConfigError: naming the connector, the platform and the connectors it allows.
     """
-    platforms = CONNECTOR_PLATFORMS[config.connector]
+    platforms = CONNECTORS[config.connector].platforms
     if device_type not in platforms:
-        allowed = [c for c, on in CONNECTOR_PLATFORMS.items() if device_type in on]
+        allowed = [spec.name for spec in SPECS if device_type in spec.platforms]
         raise AFDConfigError(
             f"{_where('connector')}={config.connector!r} moves {' and '.join(platforms)} tensors "
             f"only, and this engine runs on vLLM's {device_type!r} platform; allowed there: "
             f"{', '.join(allowed) or 'none'}"
             + (
-                f" (leave {_where('connector')} out for {PLATFORM_CONNECTORS[device_type]})"
-                if device_type in PLATFORM_CONNECTORS
+                f" (leave {_where('connector')} out for {PLATFORM_DEFAULTS[device_type]})"
+                if device_type in PLATFORM_DEFAULTS
                 else ""
             )
         )
@@ -385,7 +302,8 @@ def check_connector_platform(config: AFDConfig, device_type: str) -> None:
 def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConfig:
     """Validate the ``afd`` object of ``--additional-config``.
 
-    A section that names no connector gets its platform's (:data:`PLATFORM_CONNECTORS`):
+    A section that names no connector gets its platform's
+    (:data:`~afd_models.connectors.specs.PLATFORM_DEFAULTS`):
     ``platform`` if given, else vLLM's platform in this process.
 
     Raises:
@@ -409,8 +327,9 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
         if "connector" in section
         else _default_connector(platform)
     )
-    if role is Role.FFN and connector in ATTENTION_ONLY_CONNECTORS:
-        allowed = ", ".join(c for c in CONNECTORS if c not in ATTENTION_ONLY_CONNECTORS)
+    spec = CONNECTORS[connector]
+    if role is Role.FFN and spec.attention_only:
+        allowed = ", ".join(other.name for other in SPECS if not other.attention_only)
         raise AFDConfigError(
             f"{_where('connector')}={connector!r} with {_where('role')}='ffn' is not allowed: this "
             f"connector runs the FFN half inside the Attention engine, so no FFN engine is started "
@@ -451,18 +370,18 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             "decides which steps to split, and the FFN role follows each step's header; allowed for "
             "role ffn: leave dbo out (or false)"
         )
-    if config.dbo and connector not in DBO_CONNECTORS:
+    if config.dbo and not spec.dbo:
         raise AFDConfigError(
             f"{_where('dbo')}=true with {_where('connector')}={connector!r} is not allowed: the "
             "micro-batches overlap their exchanges with an FFN engine of its own, on CUDA; "
-            f"allowed connectors: {', '.join(sorted(DBO_CONNECTORS))}"
+            f"allowed connectors: {', '.join(sorted(s.name for s in SPECS if s.dbo))}"
         )
-    if config.peer_restart_timeout_s and connector not in RESTART_CONNECTORS:
+    if config.peer_restart_timeout_s and not spec.peer_restart:
         raise AFDConfigError(
             f"{_where('peer_restart_timeout_s')}={config.peer_restart_timeout_s:g} with "
             f"{_where('connector')}={connector!r} is not allowed: only a connector whose waits end "
             "when the peer goes away can wait for a restarted one; allowed: 0 with this "
-            f"connector, or the connector {', '.join(sorted(RESTART_CONNECTORS))}"
+            f"connector, or the connector {', '.join(sorted(s.name for s in SPECS if s.peer_restart))}"
         )
     if config.peer_restart_timeout_s and config.num_attention_ranks != config.num_ffn_ranks:
         raise AFDConfigError(
@@ -480,17 +399,11 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             "allowed: false (set it on the FFN engine)"
         )
     gate = config.compute_gate_on_attention
-    if (connector in GATE_ON_ATTENTION_CONNECTORS and not gate) or (
-        connector in GATE_ON_FFN_CONNECTORS and gate
-    ):
+    if (spec.gate is Gate.ATTENTION and not gate) or (spec.gate is Gate.FFN and gate):
         raise AFDConfigError(
             f"{_where('compute_gate_on_attention')}={'true' if gate else 'false'} with "
-            f"{_where('connector')}={connector!r} is not allowed: "
-            + (
-                "its dispatch routes each token to its experts on Attention; allowed: true"
-                if connector in GATE_ON_ATTENTION_CONNECTORS
-                else "its kernels carry hidden states only, no router logits; allowed: false"
-            )
+            f"{_where('connector')}={connector!r} is not allowed: {spec.gate.value}; allowed: "
+            + ("true" if spec.gate is Gate.ATTENTION else "false")
         )
     a, f, port = config.num_attention_ranks, config.num_ffn_ranks, config.port
     try:

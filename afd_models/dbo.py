@@ -1,7 +1,7 @@
 """DBO (dual batch overlap) with the AFD exchange: which steps split, and the order of transfers.
 
 **Attention.** With ``additional_config.afd.dbo`` the Attention worker switches vLLM's DBO on in
-its own config (:func:`afd_models.engine.with_dbo`), so vLLM wraps the model in its micro-batch
+its own config (:func:`afd_models.worker_config.with_dbo`), so vLLM wraps the model in its micro-batch
 wrapper: a split step runs as two threads, one per micro-batch, taking turns. vLLM decides to
 split only across DP ranks; an AFD Attention engine of one DP rank decides alone, by vLLM's own
 thresholds (:func:`split_single_rank`). Inside the exchange op a micro-batch sends its layer, then

@@ -181,7 +181,8 @@ def device_scope(
         return contextlib.nullcontext()
     accelerator = getattr(torch, device.type) if accelerator is None else accelerator
     accelerator.set_device(device)
-    return accelerator.stream(accelerator.Stream(device))
+    stream: contextlib.AbstractContextManager[Any] = accelerator.stream(accelerator.Stream(device))
+    return stream
 
 
 class FFNServer:

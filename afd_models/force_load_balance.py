@@ -212,7 +212,7 @@ class ForceLoadBalancer:
         return torch.cat([routed, topk_ids[:, self.top_k :]], dim=1)
 
 
-def balanced_quant_config(quant_config: Any, modelslim: type, afd_modelslim: type) -> Any:
+def balanced_quant_config(quant_config: Any, modelslim: type[Any], afd_modelslim: type[Any]) -> Any:
     """AFD's ModelSlim config (``afd_modelslim``, a subclass of vLLM-Ascend's ``modelslim``) built
     from ``quant_config``'s description, as vLLM builds ``modelslim`` from the checkpoint's.
 
@@ -237,7 +237,7 @@ def with_balanced_moe(vllm_config: Any) -> Any:
         return vllm_config
     from vllm_ascend.quantization.modelslim_config import AscendModelSlimConfig
 
-    from afd_models.generated import generated_subclass
+    from afd_models.generated_classes import generated_subclass
 
     afd_modelslim = generated_subclass("AFDAscendModelSlimConfig", AscendModelSlimConfig)
     quant_config = balanced_quant_config(

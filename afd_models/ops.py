@@ -55,7 +55,7 @@ def find_exchanger(layers: Mapping[str, object], layer_name: str) -> Exchanger:
             f"{EXCHANGE}: no AFD remote layer {layer_name!r} in the forward context; remote proxies "
             "register under their module prefix when the AFD Attention model is built"
         )
-    return proxy  # type: ignore[return-value]
+    return proxy
 
 
 def _exchange(

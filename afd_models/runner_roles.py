@@ -24,7 +24,7 @@ from afd_models.connectors.base import (
     FFNConnector,
 )
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
-from afd_models.connectors.p2p import PROBE_EVERY_S
+from afd_models.connectors.p2p.rendezvous import PROBE_EVERY_S
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.graphs import (
     GRAPH_CLASSES,

@@ -36,7 +36,8 @@ def failed_step_output(scheduler_output: Any) -> FailedStepOutput:
 def failed_requests(model_runner_output: Any) -> list[str]:
     """The requests of a failed step (none for a step that ran)."""
     if isinstance(model_runner_output, FailedStepOutput):
-        return model_runner_output.req_ids
+        req_ids: list[str] = model_runner_output.req_ids
+        return req_ids
     return []
 
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from _results import write_section
+from mutations import run, summarize
 
-from codegen.drift_cli import run_drift
-from codegen.mutations import run, summarize
+from codegen.drift.run import run_drift
 from codegen.report import counts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,10 +48,10 @@ def main() -> None:
         "| upgrade | findings | block | review | info | seconds |\n| --- | --- | --- | --- | --- | --- |\n"
         + "\n".join(rows)
         + "\n\n"
-        f"Mutation testing (`python -m codegen.mutations --count {args.count} --seed {args.seed}`, "
+        f"Mutation testing (`python benchmarks/mutations.py --count {args.count} --seed {args.seed}`, "
         f"{report['seconds']:.0f} s): **{report['score']:.1%}** correct. A mutation of a symbol the "
         "lock records counts as detected only if drift reports the code that names the break "
-        "(the table in codegen/mutations.py); a mutation of a function or method the "
+        "(the table in benchmarks/mutations.py); a mutation of a function or method the "
         "lock does not record, in an upstream file it tracks, must get no finding at all. "
         f"Recorded symbols detected {report['used_detected']}, unrecorded symbols left silent "
         f"{report['unused_silent']}.\n\n"

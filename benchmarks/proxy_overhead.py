@@ -92,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from afd_models.testing.tiny_models import write_tiny_model
+    from afd_models.cli.tiny_models import write_tiny_model
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

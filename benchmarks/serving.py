@@ -10,7 +10,7 @@ first with vLLM's default compilation, then with ``--enforce-eager`` (all server
 Connector (section ``connector``): the mean round trip per layer of the gloo connector, of raw gloo
 with every receive posted before the send it answers, and of raw TCP, all three moving the same
 bytes each way in steps of the same number of round trips between two processes, the FFN side
-answering at once (see :mod:`afd_models.testing.gloo_bench`). Target: the connector within 1.3x
+answering at once (see :mod:`afd_models.cli.gloo_bench`). Target: the connector within 1.3x
 of the better raw baseline.
 """
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from _results import write_section
 
-from afd_models.testing import serve
-from afd_models.testing.gloo_bench import TARGET_RATIO, RoundTrips, Timing, measure
-from afd_models.testing.tiny_models import write_tiny_model
+from afd_models.cli import serve
+from afd_models.cli.gloo_bench import TARGET_RATIO, RoundTrips, Timing, measure
+from afd_models.cli.tiny_models import write_tiny_model
 
 PROMPT = "Attention-FFN disaggregation serves one model as two deployments"
 

@@ -1,47 +1,44 @@
-"""``python -m codegen`` / ``afd-codegen``: regenerate, check, show (and drift, audit).
+"""``python -m codegen`` / ``afd-codegen``: regenerate, check, show, drift, audit.
 
-Exit codes for every command: 0 ok, 1 something to review, 2 something blocks, 3 the tool
-itself failed. An exception is never a pass.
+Exit codes for every command (:class:`~codegen.findings.ExitCode`): 0 clean, 1 something to
+review, 2 something blocks, 3 a usage error or the tool itself failed. An exception is never a
+pass.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
-from codegen.findings import EXIT_BLOCK, EXIT_TOOL_ERROR, Finding, exit_code, summary
+from codegen.checks.suite import run_checks
+from codegen.drift.audit import run_audit
+from codegen.drift.run import UnknownPackage, drift_markdown, run_drift
+from codegen.fetch import FetchError
+from codegen.findings import ExitCode, Finding, exit_code, summary
+from codegen.generate import PINS_PATH
+from codegen.pipeline import generate, open_context, up_to_date, write_lock, write_output
+from codegen.report import as_json, as_sarif, print_findings, progress
+from codegen.show import ShowError, show
+from codegen.sources import SourceError, choose_version, load_pins
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _progress(message: str) -> None:
-    print(f"[codegen] {message}", file=sys.stderr, flush=True)
+class _Parser(argparse.ArgumentParser):
+    """A usage error exits 3 (:attr:`ExitCode.ERROR`), not argparse's 2: 2 means "blocks"."""
 
-
-def _print_findings(findings: Sequence[Finding], fmt: str, verbose: bool) -> None:
-    ordered = sorted(findings, key=lambda f: (-f.severity.rank, f.code, f.symbol))
-    if fmt == "json":
-        json.dump(
-            {"findings": [f.as_dict() for f in ordered], "summary": summary(ordered)},
-            sys.stdout,
-            indent=2,
-        )
-        sys.stdout.write("\n")
-        return
-    for finding in ordered:
-        print(finding.verbose() if verbose else finding.one_line())
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.ERROR, f"{self.prog}: error: {message}\n")
 
 
 def _vllm_version(args: argparse.Namespace) -> str:
     """``--vllm-version``, else the installed vLLM, else the primary pin (supported ones only)."""
-    from codegen.generate import PINS_PATH
-    from codegen.sources import choose_version, load_pins
-
     pin = load_pins(args.repo / PINS_PATH)["vllm"]
     reads_installed = not args.no_installed and args.upstream_root is None
     return choose_version(pin, args.vllm_version, use_installed=reads_installed)
@@ -52,7 +49,7 @@ def _all_versions_alone(args: argparse.Namespace) -> bool:
     if args.vllm_version or args.upstream_root:
         print(
             f"codegen {args.command}: --all-versions reads every supported release itself; drop "
-            f"--vllm-version and --upstream-root; exit {EXIT_TOOL_ERROR}",
+            f"--vllm-version and --upstream-root; exit {ExitCode.ERROR.value}",
             file=sys.stderr,
         )
         return False
@@ -61,30 +58,24 @@ def _all_versions_alone(args: argparse.Namespace) -> bool:
 
 def _regenerate_locks(args: argparse.Namespace, on_disk: str) -> int:
     """``--all-versions``: the lock of every supported release other than ``on_disk``."""
-    from codegen.generate import PINS_PATH
-    from codegen.pipeline import generate, open_context, write_lock
-    from codegen.sources import load_pins
-
     if not _all_versions_alone(args):
-        return EXIT_TOOL_ERROR
+        return ExitCode.ERROR
     for version in load_pins(args.repo / PINS_PATH)["vllm"].supported:
         if version == on_disk:
             continue
         context = open_context(args.repo, use_installed=not args.no_installed, version=version)
-        _progress(f"vllm {version}: generating its lock")
+        progress(f"vllm {version}: generating its lock")
         generation, _ = generate(context)
         if generation.blocked:
-            _print_findings(generation.findings, "text", verbose=True)
-            _progress(f"vllm {version}: nothing written: {summary(generation.findings)}")
-            return EXIT_BLOCK
+            print_findings(generation.findings, "text", verbose=True)
+            progress(f"vllm {version}: nothing written: {summary(generation.findings)}")
+            return ExitCode.BLOCK
         write_lock(args.repo, generation)
-        _progress(f"vllm {version}: wrote {generation.lock_path}")
-    return 0
+        progress(f"vllm {version}: wrote {generation.lock_path}")
+    return ExitCode.CLEAN
 
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
-    from codegen.pipeline import generate, open_context, up_to_date, write_output
-
     started = time.monotonic()
     version = _vllm_version(args)
     if args.all_versions and (status := _regenerate_locks(args, version)):
@@ -99,17 +90,17 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         f"{s.package} {s.version} from {s.origin}" for s in context.sources.values()
     )
     if not args.force and up_to_date(context):
-        _progress(f"up to date ({origins}) in {time.monotonic() - started:.2f} s")
-        return 0
-    _progress(f"generating against {origins}")
+        progress(f"up to date ({origins}) in {time.monotonic() - started:.2f} s")
+        return ExitCode.CLEAN
+    progress(f"generating against {origins}")
     generation, _ = generate(context)
     if generation.blocked:
-        _print_findings(generation.findings, "text", verbose=True)
-        _progress(f"nothing written: {summary(generation.findings)}")
-        return EXIT_BLOCK
+        print_findings(generation.findings, "text", verbose=True)
+        progress(f"nothing written: {summary(generation.findings)}")
+        return ExitCode.BLOCK
     write_output(args.repo, generation)
-    _print_findings(generation.findings, "text", verbose=args.verbose)
-    _progress(
+    print_findings(generation.findings, "text", verbose=args.verbose)
+    progress(
         f"wrote {len(generation.files)} files, {len(generation.classes)} classes, {generation.lock_path} "
         f"in {time.monotonic() - started:.2f} s ({summary(generation.findings)})"
     )
@@ -117,13 +108,9 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from codegen.checks.suite import run_checks
-    from codegen.generate import PINS_PATH
-    from codegen.sources import load_pins
-
     if args.all_versions:
         if not _all_versions_alone(args):
-            return EXIT_TOOL_ERROR
+            return ExitCode.ERROR
         versions = load_pins(args.repo / PINS_PATH)["vllm"].supported
     else:
         versions = (_vllm_version(args),)
@@ -136,30 +123,71 @@ def cmd_check(args: argparse.Namespace) -> int:
                 use_installed=not args.no_installed,
                 version=version,
                 runtime=not args.no_runtime,
-                progress=_progress,
+                progress=progress,
                 tag=len(versions) > 1,
             )
         )
     findings = list(dict.fromkeys(findings))  # the repository-wide scans ran once per release
-    _print_findings(findings, args.format, args.verbose)
+    print_findings(findings, args.format, args.verbose)
     if args.format == "text":
         print(f"codegen check: {summary(findings)}")
     return exit_code(findings)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from codegen.show import show
-
-    print(
-        show(
+    try:
+        text = show(
             args.repo,
             args.symbol,
             upstream_root=args.upstream_root,
             use_installed=not args.no_installed,
             version=_vllm_version(args),
         )
+    except ShowError as exc:  # a usage error, not a crash: no traceback
+        print(f"codegen show: {exc}; exit {ExitCode.ERROR.value}", file=sys.stderr)
+        return ExitCode.ERROR
+    print(text)
+    return ExitCode.CLEAN
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    try:
+        run = run_drift(
+            args.repo,
+            args.to,
+            package=args.package,
+            from_version=args.from_version,
+            from_root=args.from_root,
+            to_root=args.to_root,
+            progress=progress,
+        )
+    except UnknownPackage as exc:
+        print(f"codegen drift: {exc}; exit {ExitCode.ERROR.value}", file=sys.stderr)
+        return ExitCode.ERROR
+    if args.format == "json":
+        _write(as_json(run.findings, run.header()), args.out)
+    elif args.format == "sarif":
+        _write(as_sarif(run.findings, run.new_version), args.out)
+    else:
+        _write(drift_markdown(run), args.out)
+    progress(
+        f"drift {run.package} {run.old_version} -> {run.new_version}: {summary(run.findings)} in {run.seconds:.1f} s"
     )
-    return 0
+    return exit_code(run.findings)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    return run_audit(
+        args.repo, args.to, to_root=args.to_root, out=args.out, apply=args.apply, progress=progress
+    )
+
+
+def _write(text: str, out: Path | None) -> None:
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
 
 
 def _add_source_options(parser: argparse.ArgumentParser) -> None:
@@ -178,7 +206,7 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="python -m codegen", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -217,30 +245,64 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("symbol", help="e.g. AFDDeepseekV2MoE.__init__")
     show.set_defaults(func=cmd_show)
 
-    from codegen.drift_cli import add_drift_commands
-
-    add_drift_commands(sub)
+    _add_drift_commands(sub)
     return parser
+
+
+def _add_drift_commands(sub: Any) -> None:
+    drift = sub.add_parser(
+        "drift", help="what an upstream version bump breaks, located and classified"
+    )
+    drift.add_argument("--to", required=True, help="the new version, e.g. 0.28.0")
+    drift.add_argument(
+        "--package",
+        default="vllm",
+        help="the pinned package whose versions to compare, e.g. vllm_ascend (default: vllm); "
+        "the others stay at their pins",
+    )
+    drift.add_argument(
+        "--from", dest="from_version", help="the old version (default: the pinned one)"
+    )
+    drift.add_argument("--from-root", type=Path, help="read the old version from this source tree")
+    drift.add_argument("--to-root", type=Path, help="read the new version from this source tree")
+    drift.add_argument("--format", choices=["md", "json", "sarif"], default="md")
+    drift.add_argument("--out", type=Path, help="write the report here instead of stdout")
+    drift.set_defaults(func=cmd_drift)
+
+    audit = sub.add_parser(
+        "audit",
+        help="upgrade audit report: drift + dry-run regeneration + generated diff + work list",
+    )
+    audit.add_argument("--to", required=True, help="the new vLLM version, e.g. 0.28.0")
+    audit.add_argument("--to-root", type=Path, help="read the new version from this source tree")
+    audit.add_argument(
+        "--out",
+        type=Path,
+        help="directory for audit.md and audit.json (default .afd-work/audit/<to>)",
+    )
+    audit.add_argument(
+        "--apply",
+        action="store_true",
+        help="add the release to the supported ones and write its lock, when nothing blocks",
+    )
+    audit.set_defaults(func=cmd_audit)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from codegen.fetch import FetchError
-    from codegen.sources import SourceError
-
     try:
         return int(args.func(args))
     except (SourceError, FetchError) as exc:  # upstream not available: nothing was analysed
-        print(f"codegen {args.command}: {exc}; exit {EXIT_TOOL_ERROR}", file=sys.stderr)
-        return EXIT_TOOL_ERROR
+        print(f"codegen {args.command}: {exc}; exit {ExitCode.ERROR.value}", file=sys.stderr)
+        return ExitCode.ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return EXIT_TOOL_ERROR
+        return ExitCode.ERROR
     except Exception as exc:  # a crash of a checker is never a pass
         traceback.print_exc()
         print(
-            f"codegen {args.command}: internal error ({type(exc).__name__}: {exc}); exit {EXIT_TOOL_ERROR}",
+            f"codegen {args.command}: internal error ({type(exc).__name__}: {exc}); exit {ExitCode.ERROR.value}",
             file=sys.stderr,
         )
-        return EXIT_TOOL_ERROR
+        return ExitCode.ERROR

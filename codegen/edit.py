@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from codegen.index import Member
 from codegen.markers import Edit
 from codegen.pattern import (
     MANY_PREFIX,
@@ -36,9 +37,6 @@ from codegen.pattern import (
     parse_pattern,
     placeholder,
 )
-
-if TYPE_CHECKING:
-    from codegen.index import Member
 
 WRAPPER_CLASS = "_AFDUpstreamClass"
 

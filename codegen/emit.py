@@ -13,9 +13,9 @@ from pathlib import Path
 
 import libcst as cst
 
+from afd_models.generated_registry import GENERATED_ROOT
 from codegen.generate import Generation
 from codegen.model import GeneratedClass, GeneratedMember, MemberKind, OverlayModule
-from codegen.registry import GENERATED_ROOT
 
 LINE_LENGTH = 100
 REGENERATE_COMMAND = "nox -s regenerate"

@@ -267,16 +267,24 @@ class Finding:
         }
 
 
-EXIT_OK = 0
-EXIT_REVIEW = 1
-EXIT_BLOCK = 2
-EXIT_TOOL_ERROR = 3
+class ExitCode(enum.IntEnum):
+    """The exit code of every codegen command (the table in docs/maintainers.md, "Exit codes")."""
+
+    #: nothing found, or only info findings
+    CLEAN = 0
+    #: something to review, nothing blocks
+    REVIEW = 1
+    #: something blocks
+    BLOCK = 2
+    #: a usage error (an unknown option, package or release), or the tool itself failed (the
+    #: upstream source is not available, a crash): nothing was analysed, never a pass
+    ERROR = 3
 
 
-def exit_code(findings: Iterable[Finding]) -> int:
-    """0 clean (info only), 1 something to review, 2 something blocks. Errors of the tool are 3."""
+def exit_code(findings: Iterable[Finding]) -> ExitCode:
+    """The exit code of a list of findings: its worst severity (errors of the tool are 3)."""
     worst = max((f.severity.rank for f in findings), default=0)
-    return {0: EXIT_OK, 1: EXIT_REVIEW, 2: EXIT_BLOCK}[worst]
+    return {0: ExitCode.CLEAN, 1: ExitCode.REVIEW, 2: ExitCode.BLOCK}[worst]
 
 
 def summary(findings: Iterable[Finding]) -> str:

@@ -1,6 +1,6 @@
 """The generator: overlay declarations + pinned upstream source -> generated subclasses, lock, findings.
 
-``generate`` works in memory and never writes; ``codegen.output`` writes the result atomically.
+``build`` works in memory and never writes; :mod:`codegen.pipeline` writes the result atomically.
 One failing class does not stop the others: every problem becomes a finding, and any blocking
 finding means the caller writes nothing.
 """
@@ -16,21 +16,14 @@ from typing import Any
 
 import libcst as cst
 
-from codegen.checks.signatures import check_signature
+from afd_models.generated_registry import GENERATED_ROOT
 from codegen.contracts import evaluate
-from codegen.edit import (
-    EditError,
-    RelativeImportRewriter,
-    SuperRewriter,
-    anchor_lines,
-    apply_edits,
-    parse_member,
-)
+from codegen.edit import EditError, RelativeImportRewriter, SuperRewriter
 from codegen.findings import Finding, Kind, Location, Severity
+from codegen.fork import FailedFork, ForkStage, apply_fork
 from codegen.index import Member, UpstreamIndex
 from codegen.markers import Contract
 from codegen.model import (
-    AnchorMatch,
     ContractMatch,
     GeneratedClass,
     GeneratedMember,
@@ -42,9 +35,9 @@ from codegen.model import (
 )
 from codegen.names import ModuleNamespace, global_names
 from codegen.overlay import OverlayError, load_overlay, overlay_files
-from codegen.pattern import PatternError, parse_pattern
-from codegen.registry import GENERATED_ROOT
+from codegen.pattern import PatternError
 from codegen.releases import applicable, parse_range
+from codegen.signatures import check_signature
 
 LOCK_PATH = Path("overlay/overlay.lock")
 #: the locks of supported releases other than the primary pins
@@ -53,7 +46,7 @@ PINS_PATH = Path("overlay/pins.toml")
 #: Hand-written runtime whose upstream imports the lock records.
 RUNTIME_ROOT = Path("afd_models")
 #: The runtime's list of upstream attributes it reads (``UPSTREAM_FIELDS``), read statically.
-CONTRACT_PATH = RUNTIME_ROOT / "contract.py"
+UPSTREAM_FIELDS_PATH = RUNTIME_ROOT / "upstream_fields.py"
 
 
 def lock_path(primary: Mapping[str, str], versions: Mapping[str, str]) -> Path:
@@ -78,7 +71,7 @@ class Generation:
     findings: list[Finding] = field(default_factory=list)
     #: upstream symbols the hand-written runtime imports: ref -> files
     runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)
-    #: upstream attributes the runtime reads (afd_models/contract.py)
+    #: upstream attributes the runtime reads (:data:`UPSTREAM_FIELDS_PATH`)
     runtime_fields: list[SymbolRef] = field(default_factory=list)
     #: where this generation's lock lives (:func:`lock_path`)
     lock_path: Path = LOCK_PATH
@@ -100,10 +93,10 @@ GENERATOR_MODULES = (
     "names.py",
     "generate.py",
     "releases.py",
-    "registry.py",
     "emit.py",
     "lock.py",
-    "checks/signatures.py",
+    "signatures.py",
+    "fork.py",
 )
 
 
@@ -185,16 +178,16 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
                     Kind.TARGET_MISSING,
                     Severity.BLOCK,
                     str(ref),
-                    "the runtime reads this attribute, which upstream does not define; update afd_models/contract.py and the code",
-                    Location(str(CONTRACT_PATH)),
+                    f"the runtime reads this attribute, which upstream does not define; update {UPSTREAM_FIELDS_PATH.as_posix()} and the code",
+                    Location(str(UPSTREAM_FIELDS_PATH)),
                 )
             )
     return result
 
 
 def runtime_fields(repo_root: Path) -> list[SymbolRef]:
-    """``UPSTREAM_FIELDS`` of afd_models/contract.py (empty when the file does not exist)."""
-    path = repo_root / CONTRACT_PATH
+    """``UPSTREAM_FIELDS`` of :data:`UPSTREAM_FIELDS_PATH` (empty when the file does not exist)."""
+    path = repo_root / UPSTREAM_FIELDS_PATH
     if not path.exists():
         return []
     for node in ast.parse(path.read_text()).body:
@@ -452,7 +445,6 @@ def _fork(
     namespace: ModuleNamespace,
     findings: list[Finding],
 ) -> GeneratedMember | None:
-    parsed = parse_member(upstream)
     versions = namespace.index.versions
     unknown = [e for e in decl.edits if e.when and parse_range(e.when).package not in versions]
     if unknown:
@@ -467,9 +459,8 @@ def _fork(
             )
         )
         return None
-    edits = applicable(decl.edits, versions)
-    ids = [e.id for e in edits]
-    if not edits or len(set(ids)) != len(ids):
+    ids = [e.id for e in applicable(decl.edits, versions)]
+    if not ids or len(set(ids)) != len(ids):
         on = ", ".join(f"{p} {v}" for p, v in sorted(versions.items()))
         findings.append(
             Finding(
@@ -483,45 +474,11 @@ def _fork(
             )
         )
         return None
-    anchors: list[AnchorMatch] = []
-    for edit in edits:
-        try:
-            lines, codes = anchor_lines(parsed, parse_pattern(edit.anchor))
-        except PatternError as exc:
-            findings.append(
-                Finding(
-                    Kind.ANCHOR_INVALID,
-                    Severity.BLOCK,
-                    f"{symbol}#{edit.id}",
-                    str(exc),
-                    ours_at,
-                    upstream_at,
-                )
-            )
-            return None
-        anchors.append(AnchorMatch(edit, tuple(lines), tuple(codes)))
-    try:
-        function = apply_edits(parsed.function, edits)
-    except EditError as exc:
-        kind = Kind.ANCHOR_LOST if exc.found == 0 else Kind.ANCHOR_COUNT
-        findings.append(
-            Finding(
-                kind,
-                Severity.BLOCK,
-                f"{symbol}#{exc.edit.id}",
-                str(exc),
-                ours_at,
-                upstream_at,
-                old=str(exc.edit.count),
-                new=str(exc.found),
-            )
-        )
+    fork = apply_fork(upstream, decl.edits, versions)
+    if isinstance(fork, FailedFork):
+        findings.append(_fork_failure(fork, symbol, ours_at, upstream_at))
         return None
-    except PatternError as exc:
-        findings.append(
-            Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, symbol, str(exc), ours_at, upstream_at)
-        )
-        return None
+    function = fork.function
     assert isinstance(upstream.node, ast.FunctionDef | ast.AsyncFunctionDef)
     defining = SymbolRef(upstream.ref.module, upstream.ref.qualname.rsplit(".", 1)[0])
     params = upstream.node.args.posonlyargs + upstream.node.args.args
@@ -544,13 +501,34 @@ def _fork(
         leading_lines=(),
         asynchronous=decl.node.asynchronous,
     )
-    pinned_names = global_names(parsed.function)
+    pinned_names = global_names(fork.parsed.function)
     for used in sorted(global_names(function)):
         if used in pinned_names:
             namespace.require_upstream(used, upstream.module.name, symbol, ours_at)
         else:
             namespace.require_ours(used, symbol, ours_at)
-    return GeneratedMember(decl, upstream.ref, upstream.signature(), function, tuple(anchors))
+    return GeneratedMember(decl, upstream.ref, upstream.signature(), function, fork.anchors)
+
+
+def _fork_failure(
+    fork: FailedFork, symbol: str, ours_at: Location, upstream_at: Location
+) -> Finding:
+    """The finding of an edit that could not be anchored or applied."""
+    error = fork.error
+    if isinstance(error, EditError):
+        return Finding(
+            Kind.ANCHOR_LOST if error.found == 0 else Kind.ANCHOR_COUNT,
+            Severity.BLOCK,
+            f"{symbol}#{error.edit.id}",
+            str(error),
+            ours_at,
+            upstream_at,
+            old=str(error.edit.count),
+            new=str(error.found),
+        )
+    # an invalid anchor names its edit; a pattern in an edit's code, the member
+    where = f"{symbol}#{fork.edit.id}" if fork.stage is ForkStage.ANCHOR else symbol
+    return Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, where, str(error), ours_at, upstream_at)
 
 
 def runtime_upstream_imports(repo_root: Path, index: UpstreamIndex) -> dict[SymbolRef, list[str]]:

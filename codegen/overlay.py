@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import libcst as cst
 
 from codegen import markers
+from codegen.markers import Edit
 from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, Signature, SymbolRef
 from codegen.releases import parse_range
 
@@ -463,3 +465,35 @@ def load_overlay(repo_root: Path, path: Path) -> OverlayModule:
         raise OverlayError(
             [OverlayProblem(path, exc.lineno or 0, f"does not parse: {exc.msg}")]
         ) from exc
+
+
+@dataclass(frozen=True)
+class DeclaredMember:
+    """A member of the current overlay, as generated for one of its class's bases."""
+
+    #: the generated class, as the lock's classes spell it (``module:Class``)
+    class_key: str
+    #: the upstream base the class is generated from
+    base: SymbolRef
+    #: the overlay's declaration
+    decl: MemberDecl
+
+
+def declared_members(repo_root: Path) -> Iterator[DeclaredMember]:
+    """Every member of every overlay class, once per base (as generated)."""
+    for path in overlay_files(repo_root):
+        overlay = load_overlay(repo_root, path)
+        for overlay_class in overlay.classes:
+            for base in overlay_class.bases:
+                key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
+                for decl in overlay_class.members:
+                    yield DeclaredMember(key, base, decl)
+
+
+def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
+    """Fork edits of the current overlay, keyed like the lock's classes (generated class, member)."""
+    return {
+        (member.class_key, member.decl.name): member.decl.edits
+        for member in declared_members(repo_root)
+        if member.decl.edits
+    }

@@ -22,6 +22,7 @@ Before::
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import textwrap
@@ -211,8 +212,6 @@ def _string_value(node: cst.CSTNode) -> object:
 
 def normalized_code(node: cst.CSTNode) -> str:
     """Code of a node with comments and formatting normalized (for equality and the lock)."""
-    import ast
-
     code = cst.Module(body=[]).code_for_node(node)
     try:
         return ast.unparse(ast.parse(textwrap.dedent(code)))

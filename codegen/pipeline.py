@@ -1,4 +1,11 @@
-"""Wire the stages: locate upstream -> index -> build -> emit -> lock; and write the result atomically."""
+"""Wire the stages: locate upstream -> index -> build -> emit -> lock; and write the result atomically.
+
+Every generation also compares the upstream files it read with the lock's hashes at the same
+version (UPS002): a file that differs is compared symbol by symbol with the pristine pinned
+release, with drift's classification. That is why generation (``regenerate`` too) imports the
+drift engine (:mod:`codegen.drift.compare`), though not its use cases: a blocking difference
+means nothing is written.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from codegen.drift import Side, compare
-from codegen.drift_cli import committed_edits
+from afd_models.generated_registry import GENERATED_ROOT, REGISTRY_PATH, registry_data
+from codegen.drift.compare import compare
+from codegen.drift.sides import Side
 from codegen.emit import package_files, render_module, render_registry
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import (
@@ -25,8 +33,7 @@ from codegen.generate import (
 )
 from codegen.index import UpstreamIndex, sha256_text
 from codegen.lock import build_lock, read_lock, render_lock, sha256_of
-from codegen.overlay import OverlayError
-from codegen.registry import GENERATED_ROOT, REGISTRY_PATH, registry_data
+from codegen.overlay import OverlayError, committed_edits
 from codegen.releases import parse_range
 from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
 

@@ -1,11 +1,13 @@
-"""Render findings: Markdown (for people), JSON (for machines), SARIF (for code-scanning UIs).
+"""Render findings: text lines (the terminal), Markdown (for people), JSON (for machines), SARIF
+(for code-scanning UIs); and the commands' progress lines on stderr.
 
-All three come from the same :class:`~codegen.findings.Finding` objects; JSON is ``as_dict``.
+All come from the same :class:`~codegen.findings.Finding` objects; JSON is ``as_dict``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +20,26 @@ _SARIF_LEVEL = {Severity.BLOCK: "error", Severity.REVIEW: "warning", Severity.IN
 
 def ordered(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (-f.severity.rank, f.code, f.symbol))
+
+
+def progress(message: str) -> None:
+    """One progress line of a command, on stderr."""
+    print(f"[codegen] {message}", file=sys.stderr, flush=True)
+
+
+def print_findings(findings: Sequence[Finding], fmt: str, verbose: bool) -> None:
+    """``fmt`` ``json``: the findings and their summary as JSON; else one line each (``verbose``:
+    with locations, values and details)."""
+    if fmt == "json":
+        json.dump(
+            {"findings": [f.as_dict() for f in ordered(findings)], "summary": summary(findings)},
+            sys.stdout,
+            indent=2,
+        )
+        sys.stdout.write("\n")
+        return
+    for finding in ordered(findings):
+        print(finding.verbose() if verbose else finding.one_line())
 
 
 def counts(findings: Sequence[Finding]) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import libcst as cst
 
-from codegen.edit import apply_edits, parse_method
 from codegen.emit import format_source
+from codegen.fork import FailedFork, apply_fork
 from codegen.generate import Generation
 from codegen.index import UpstreamIndex
 from codegen.model import GeneratedClass, GeneratedMember, MemberKind
-from codegen.releases import applicable
+from codegen.pipeline import generate, open_context
 
 
 class ShowError(LookupError):
@@ -50,18 +50,16 @@ def render_member(index: UpstreamIndex, generated: GeneratedClass, member: Gener
         return "\n".join([*header, cst.Module(body=[member.node]).code.rstrip()])
     upstream = index.find_member(generated.base, decl.name)
     assert upstream is not None
-    first = min([upstream.line, *(d.lineno for d in getattr(upstream.node, "decorator_list", []))])
     header.append(f"# fork of {member.upstream} ({upstream.module.path}:{upstream.line})")
-    parsed = parse_method(upstream.source(), first)
-    edits = applicable(decl.edits, index.versions)
-    stages = [
-        (e.id, _render(apply_edits(parsed.function, edits[:n])))
-        for n, e in enumerate(edits, start=1)
-    ]
+    fork = apply_fork(upstream, decl.edits, index.versions)
+    if isinstance(fork, FailedFork):
+        raise fork.error  # generation applied these very edits
+    edits = fork.edits
+    stages = [(e.id, _render(step)) for e, step in zip(edits, fork.steps, strict=True)]
     final = member.node
     assert isinstance(final, cst.FunctionDef)
     stages.append(("super()", _render(final)))
-    previous = _render(parsed.function)
+    previous = _render(fork.parsed.function)
     owners: list[str | None] = [None] * len(previous)
     removed: list[tuple[str, str]] = []
     for edit_id, current in stages:
@@ -95,8 +93,6 @@ def show(
     use_installed: bool = True,
     version: str | None = None,
 ) -> str:
-    from codegen.pipeline import generate, open_context
-
     context = open_context(
         repo_root, upstream_root=upstream_root, use_installed=use_installed, version=version
     )

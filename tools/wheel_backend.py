@@ -11,6 +11,7 @@ which ``nox -s regenerate`` generates.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -100,31 +101,43 @@ def build_wheel(
                 f"building the wheel generates its code first, and `{' '.join(command[1:])}` "
                 f"exited with {done.returncode} (its output is above)"
             )
-        _ship_lock(tree)
+        _ship_lock(tree, env)
         _log("building the wheel with setuptools", started)
         previous = Path.cwd()
         os.chdir(tree)  # setuptools builds the project in the working directory
         try:
-            name = build_meta.build_wheel(out, config_settings)
+            wheel_name: str = build_meta.build_wheel(out, config_settings)
         finally:
             os.chdir(previous)
-        _log(f"wrote {name}", started)
-        return name
+        _log(f"wrote {wheel_name}", started)
+        return wheel_name
 
 
-def _ship_lock(tree: Path) -> None:
+#: prints the lock the generation named in the copy's registry (``LOCK``), as JSON; run in the copy
+READ_LOCK = (
+    "import json, pathlib; from afd_models.generated_registry import registry_data; "
+    "print(json.dumps((registry_data(pathlib.Path('.')) or {}).get('LOCK')))"
+)
+
+
+def _ship_lock(tree: Path, env: dict[str, str]) -> None:
     """Copy the generation's lock into the generated package, where the installed wheel's
-    freshness check reads it (``afd_models._freshness``)."""
-    sys.path.insert(0, str(tree))
-    try:
-        from codegen.registry import registry_data
-    finally:
-        sys.path.remove(str(tree))
-    registry = registry_data(tree)
-    if registry is None or "LOCK" not in registry:
+    freshness check reads it (``afd_models._freshness``). The copy's own registry reader names
+    it, in a fresh interpreter run in the copy, as the generation ran."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_LOCK],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    lock_name = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+    if not isinstance(lock_name, str):
         raise RuntimeError(
             "the generation wrote no afd_models/_generated/__init__.py naming its LOCK; "
-            "the wheel would carry no lock"
+            f"the wheel would carry no lock ({done.stderr.strip()[-2000:] or 'no error output'})"
         )
-    lock = PurePosixPath(str(registry["LOCK"]))
+    lock = PurePosixPath(lock_name)
     shutil.copy2(tree / lock, tree / "afd_models" / "_generated" / lock.name)

@@ -1,1 +1,3 @@
-"""Connectors between the Attention and FFN roles: the contract (:mod:`.base`), gloo (CPU) and an in-process loopback."""
+"""Connectors between the Attention and FFN roles: the interface (:mod:`.base`), the connector
+table (:mod:`.specs`), the factory (:mod:`.factory`), the point-to-point protocol (:mod:`.p2p`) over
+gloo (CPU), NCCL (CUDA) and CAM (Ascend NPU), and an in-process loopback."""

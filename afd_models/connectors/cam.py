@@ -33,6 +33,7 @@ what is missing before it opens a port.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,8 +42,8 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, Store, TCPStore
 
-from afd_models.config import CAMAsyncExtraConfig, CAMP2PExtraConfig
 from afd_models.connectors.base import AFDConnectionError, AFDConnector, Fingerprint, StepHeader
+from afd_models.connectors.build import ConnectAttention, ConnectFFN, Site
 from afd_models.connectors.cam_ops import (
     CamAsyncOps,
     CamAsyncShape,
@@ -51,13 +52,11 @@ from afd_models.connectors.cam_ops import (
     load_cam_async_ops,
     load_cam_p2p_ops,
 )
-from afd_models.connectors.p2p import (
-    DataPlane,
-    P2PAttentionConnector,
-    P2PFFNConnector,
-    Transfer,
-    Wait,
-)
+from afd_models.connectors.p2p.attention import P2PAttentionConnector
+from afd_models.connectors.p2p.ffn import P2PFFNConnector
+from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
+from afd_models.connectors.specs import CAMAsyncExtraConfig, CAMP2PExtraConfig
+from afd_models.log import exit_process
 from afd_models.topology import Group
 
 #: the only dtype the CAM kernels move
@@ -191,6 +190,44 @@ class CAMP2PFFNConnector(P2PFFNConnector):
         ops = load_cam_p2p_ops(extra.core_num) if ops is None else ops
         plane = CamP2PDataPlane(device, extra.timeout_s, ops)
         super().__init__(host, group, extra, fingerprint, plane=plane)
+
+
+def prepare_attention(site: Site) -> ConnectAttention:
+    """The CAMP2P Attention side of ``site`` (the spec's builder): its kernels load now, so off
+    an NPU this fails before any weight is read; a vanished FFN worker ends the process."""
+    ops = load_cam_p2p_ops(site.extra.core_num)
+
+    def connect(fingerprint: Fingerprint) -> CAMP2PAFDConnector:
+        return CAMP2PAFDConnector(
+            site.host,
+            site.group,
+            site.rank,
+            site.extra,
+            fingerprint,
+            device=site.device,
+            ops=ops,
+            on_peer_gone=exit_process,
+        )
+
+    return connect
+
+
+def prepare_ffn(site: Site) -> ConnectFFN:
+    """The CAMP2P FFN side of ``site`` (the spec's builder; it takes no restart): its kernels
+    load now, so off an NPU this fails before any weight is read."""
+    ops = load_cam_p2p_ops(site.extra.core_num)
+
+    def connect(
+        fingerprint: Fingerprint,
+        *,
+        connect_timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> CAMP2PFFNConnector:
+        return CAMP2PFFNConnector(
+            site.host, site.group, site.extra, fingerprint, device=site.device, ops=ops
+        )
+
+    return connect
 
 
 #: CAM async store prefix (the lane's store is FFN rank 0's)

@@ -1,25 +1,28 @@
 """Create the connector an AFD worker needs, from its config, its place in the topology and its
-loaded model (whose :class:`~afd_models.connectors.base.Fingerprint` the connector presents)."""
+loaded model (whose :class:`~afd_models.connectors.base.Fingerprint` the connector presents).
+
+Which connector class serves a role is its row's builder (:mod:`afd_models.connectors.specs`),
+imported when the worker connects; this module holds no per-connector branch.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import nn
-from vllm import envs
 from vllm.config import VllmConfig
 
 from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
-from afd_models.connectors.cam_ops import load_cam_p2p_ops
-from afd_models.log import exit_process
+from afd_models.connectors.build import InProcessAttention, PrepareAttention, PrepareFFN, Site
+from afd_models.connectors.specs import CONNECTORS
 from afd_models.topology import (
     TopologyError,
     check_attention_engine,
@@ -28,6 +31,7 @@ from afd_models.topology import (
     group_of_ffn,
     role_rank,
 )
+from afd_models.worker_config import check_restart
 
 #: the distribution whose version the fingerprint carries
 DISTRIBUTION = "vllm-afd-overlay"
@@ -41,7 +45,7 @@ AttentionConnect = Callable[[nn.Module], AFDConnector]
 class FFNConnect(Protocol):
     """The FFN worker's connect step: with the loaded model, host the group and wait for the
     Attention peers; again with ``connect_timeout_s`` and ``stop`` when they left (a restart,
-    which only the gloo connector takes: the config refuses it with the others)."""
+    which only a connector with ``peer_restart`` takes: the config refuses it with the others)."""
 
     def __call__(
         self,
@@ -52,74 +56,21 @@ class FFNConnect(Protocol):
     ) -> FFNConnector: ...
 
 
-def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
-    """Refuse ``peer_restart_timeout_s`` where a step cannot simply run again: a worker with TP
-    or DP partners (they would re-enter their collectives at different layers), a KV-transfer
-    connector (its per-layer saves would repeat), or, on the Attention role, an engine that could
-    not fail a step (:func:`check_failed_steps`) or a held step longer than the multiprocess
-    executor waits for (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
-    restart = afd.peer_restart_timeout_s
-    if not restart:
-        return
-    key = f"additional_config.afd.peer_restart_timeout_s={restart:g}"
-    parallel = vllm_config.parallel_config
-    for flag, size in (
-        ("--tensor-parallel-size", parallel.tensor_parallel_size),
-        ("--data-parallel-size", parallel.data_parallel_size),
-    ):
-        if size > 1:
-            raise AFDConfigError(
-                f"{key} with {flag}={size} is not allowed: a restarted peer is waited for by each "
-                f"worker alone, and its partners would re-run the step from other layers; "
-                f"allowed: {flag}=1, or peer_restart_timeout_s=0"
-            )
-    if getattr(vllm_config, "kv_transfer_config", None) is not None:
-        raise AFDConfigError(
-            f"{key} with --kv-transfer-config is not allowed: a step run again would save its "
-            "layers' KV cache through the KV connector twice; allowed: one of them"
-        )
-    if afd.is_ffn:  # the FFN server waits in a thread of its own, never inside a step
-        return
-    check_failed_steps(vllm_config, key)
-    timeout_s = afd.connector_extra_config.timeout_s
-    # noticing the loss, forming the data plane again, and a retry that fails again
-    held_s = restart + 3 * timeout_s
-    limit = envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
-    if parallel.distributed_executor_backend == "mp" and held_s >= limit:
-        raise AFDConfigError(
-            f"{key} with connector_extra_config.timeout_s={timeout_s:g} is not allowed with "
-            f"--distributed-executor-backend mp: a held step may take peer_restart_timeout_s + "
-            f"3 * timeout_s = {held_s:g} s, and the executor gives a step "
-            f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={limit} s; allowed: peer_restart_timeout_s + "
-            f"3 * timeout_s < {limit} (or raise that variable)"
-        )
+def builder(reference: str) -> object:
+    """The function a connector's row names as ``"module:function"``, imported now."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def check_failed_steps(vllm_config: VllmConfig, key: str) -> None:
-    """Refuse an Attention engine that could not fail a step's requests and stay up once no FFN
-    engine came back in time: that needs the AFD scheduler, which finishes them, and a
-    synchronous engine core, which hands it the failed step unsampled."""
-    # generated code: imported where a restart is configured, not by every connector user
-    from afd_models.scheduler import SCHEDULER_CLS, AFDScheduler
-
-    scheduler = vllm_config.scheduler_config
-    if scheduler.async_scheduling:
+def _served(reference: str | None, afd: AFDConfig) -> str:
+    """A row's builder reference for this worker's role; the worker checks refuse a connector
+    that has none (:func:`afd_models.worker_config.refuse_unsupported`)."""
+    if reference is None:
         raise AFDConfigError(
-            f"{key} with --async-scheduling is not allowed: the engine samples every step, "
-            "so the requests of a step whose FFN engine did not come back would get no error "
-            "finish; allowed: --no-async-scheduling, or peer_restart_timeout_s=0"
+            f"additional_config.afd.connector={afd.connector!r} has no {afd.role.value} side "
+            "the AFD workers serve"
         )
-    chosen = scheduler.get_scheduler_cls()
-    if not (isinstance(chosen, type) and issubclass(chosen, AFDScheduler)):
-        name = f"{chosen.__module__}.{chosen.__qualname__}"
-        if scheduler.scheduler_cls is None:
-            name += " (vLLM's default)"
-        raise AFDConfigError(
-            f"{key} with --scheduler-cls {name} is not allowed: once no FFN engine came back "
-            "within the timeout, the requests of the step are failed by the AFD scheduler "
-            f"(and the engine stays up); allowed: --scheduler-cls {SCHEDULER_CLS}, or "
-            "peer_restart_timeout_s=0"
-        )
+    return reference
 
 
 def worker_role_rank(vllm_config: VllmConfig) -> int:
@@ -217,11 +168,11 @@ def prepare_attention(
     timeout; a mismatch fails within ``timeout_s``).
     """
     afd = require_afd_config(vllm_config.additional_config, role=Role.ATTENTION)
-    if afd.connector == "LoopbackAFDConnector":
-        from afd_models.connectors.loopback import LoopbackConnector
-
-        loopback = LoopbackConnector.with_ffn_model(vllm_config)
-        return lambda _model: loopback
+    spec = CONNECTORS[afd.connector]
+    if spec.attention_only:
+        build_in_process = cast(InProcessAttention, builder(_served(spec.attention, afd)))
+        in_process = build_in_process(vllm_config)
+        return lambda _model: in_process
     from afd_models.models.remote import remote_layers
 
     rank = worker_role_rank(vllm_config)
@@ -238,37 +189,14 @@ def prepare_attention(
         )
     except TopologyError as exc:
         raise AFDConfigError(str(exc)) from exc
-    host = afd.group_host(group.ffn_rank)
-
-    extra = afd.connector_extra_config
-    # off an NPU this fails here, before any weight is read
-    cam_ops = load_cam_p2p_ops(extra.core_num) if afd.connector == "CAMP2PAFDConnector" else None
+    site = Site(afd.group_host(group.ffn_rank), group, rank, afd.connector_extra_config, device)
+    prepare = cast(PrepareAttention, builder(_served(spec.attention, afd)))
+    # before the model: a builder that cannot run here (CAM kernels off an NPU) fails now
+    connect_side = prepare(site)
 
     def connect(model: nn.Module) -> AFDConnector:
         layers = [proxy.layer_idx for proxy in remote_layers(model)]
-        presented = fingerprint(vllm_config, afd, rank, layers)
-        if afd.connector == "CAMP2PAFDConnector":
-            from afd_models.connectors.cam import CAMP2PAFDConnector
-
-            return CAMP2PAFDConnector(
-                host,
-                group,
-                rank,
-                extra,
-                presented,
-                device=device,
-                ops=cam_ops,
-                on_peer_gone=exit_process,
-            )
-        if afd.connector == "NcclAFDConnector":
-            from afd_models.connectors.nccl import NcclAttentionConnector
-
-            return NcclAttentionConnector(
-                host, group, rank, extra, presented, device=device, on_peer_gone=exit_process
-            )
-        from afd_models.connectors.gloo import GlooAttentionConnector
-
-        return GlooAttentionConnector(host, group, rank, extra, presented)
+        return connect_side(fingerprint(vllm_config, afd, rank, layers))
 
     return connect
 
@@ -290,9 +218,9 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
     group = group_of_ffn(
         rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
     )
-    host = afd.group_host(group.ffn_rank)
-    extra = afd.connector_extra_config
-    cam_ops = load_cam_p2p_ops(extra.core_num) if afd.connector == "CAMP2PAFDConnector" else None
+    site = Site(afd.group_host(group.ffn_rank), group, rank, afd.connector_extra_config, device)
+    prepare = cast(PrepareFFN, builder(_served(CONNECTORS[afd.connector].ffn, afd)))
+    connect_side = prepare(site)
 
     def connect(
         model: nn.Module,
@@ -301,19 +229,6 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
         stop: threading.Event | None = None,
     ) -> FFNConnector:
         presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
-        if afd.connector == "CAMP2PAFDConnector":
-            from afd_models.connectors.cam import CAMP2PFFNConnector
-
-            return CAMP2PFFNConnector(host, group, extra, presented, device=device, ops=cam_ops)
-        if afd.connector == "NcclAFDConnector":
-            from afd_models.connectors.nccl import NcclFFNConnector
-
-            return NcclFFNConnector(host, group, extra, presented, device=device)
-        from afd_models.connectors.gloo import GlooFFNConnector
-
-        waits = extra
-        if connect_timeout_s is not None:
-            waits = dataclasses.replace(extra, connect_timeout_s=connect_timeout_s)
-        return GlooFFNConnector(host, group, waits, presented, stop=stop)
+        return connect_side(presented, connect_timeout_s=connect_timeout_s, stop=stop)
 
     return connect

@@ -4,6 +4,7 @@ group's own store. vLLM's CPU platform runs it; tensors of any other device are 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -12,16 +13,13 @@ import torch
 from torch.distributed import PrefixStore, ProcessGroup, Store, Work
 from vllm.distributed.utils import init_gloo_process_group
 
-from afd_models.config import P2PExtraConfig
 from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, Fingerprint
-from afd_models.connectors.p2p import (
-    DataPlane,
-    P2PAttentionConnector,
-    P2PFFNConnector,
-    Transfer,
-    Wait,
-    as_bytes,
-)
+from afd_models.connectors.build import ConnectAttention, ConnectFFN, Site
+from afd_models.connectors.p2p.attention import P2PAttentionConnector
+from afd_models.connectors.p2p.ffn import P2PFFNConnector
+from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
+from afd_models.connectors.p2p.wire import as_bytes
+from afd_models.connectors.specs import P2PExtraConfig
 from afd_models.topology import Group
 
 CPU = torch.device("cpu")
@@ -87,7 +85,7 @@ class GlooDataPlane(DataPlane):
 
 
 class GlooAttentionConnector(P2PAttentionConnector):
-    """Attention side over gloo (see :class:`~afd_models.connectors.p2p.P2PAttentionConnector`)."""
+    """Attention side over gloo (see :class:`~afd_models.connectors.p2p.attention.P2PAttentionConnector`)."""
 
     def __init__(
         self,
@@ -103,7 +101,7 @@ class GlooAttentionConnector(P2PAttentionConnector):
 
 
 class GlooFFNConnector(P2PFFNConnector):
-    """FFN side over gloo (see :class:`~afd_models.connectors.p2p.P2PFFNConnector`)."""
+    """FFN side over gloo (see :class:`~afd_models.connectors.p2p.ffn.P2PFFNConnector`)."""
 
     def __init__(
         self,
@@ -117,3 +115,30 @@ class GlooFFNConnector(P2PFFNConnector):
         super().__init__(
             host, group, extra, fingerprint, plane=GlooDataPlane(extra.timeout_s), stop=stop
         )
+
+
+def prepare_attention(site: Site) -> ConnectAttention:
+    """The gloo Attention side of ``site`` (the spec's builder)."""
+
+    def connect(fingerprint: Fingerprint) -> GlooAttentionConnector:
+        return GlooAttentionConnector(site.host, site.group, site.rank, site.extra, fingerprint)
+
+    return connect
+
+
+def prepare_ffn(site: Site) -> ConnectFFN:
+    """The gloo FFN side of ``site`` (the spec's builder); a reconnect after the peers left waits
+    ``connect_timeout_s`` for them, and ends once ``stop`` is set."""
+
+    def connect(
+        fingerprint: Fingerprint,
+        *,
+        connect_timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> GlooFFNConnector:
+        waits = site.extra
+        if connect_timeout_s is not None:
+            waits = dataclasses.replace(site.extra, connect_timeout_s=connect_timeout_s)
+        return GlooFFNConnector(site.host, site.group, waits, fingerprint, stop=stop)
+
+    return connect

@@ -1,6 +1,6 @@
 """The in-process loopback connector: the FFN half of the model lives in the Attention worker.
 
-For tests, ``python -m afd_models.verify`` and benchmarks: the same generated Attention model,
+For tests, ``python -m afd_models.cli.verify`` and benchmarks: the same generated Attention model,
 proxies and connector contract as a real deployment, with the transport replaced by a direct
 call into an FFN-role model built in the same process (its own copy of the engine config, so the
 two models never share vLLM's per-config layer registry).
@@ -19,7 +19,7 @@ from vllm.model_executor.model_loader import get_model_loader
 
 from afd_models.config import AFD_KEY
 from afd_models.connectors.base import AFDConnector, StepHeader
-from afd_models.engine import eager_ffn_config
+from afd_models.worker_config import eager_ffn_config
 
 Compute = Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -106,3 +106,8 @@ class LoopbackConnector(AFDConnector):
         )
         connector.ffn_model = model
         return connector
+
+
+def in_process_attention(vllm_config: VllmConfig) -> LoopbackConnector:
+    """The loopback Attention side, its FFN half built now (the spec's builder)."""
+    return LoopbackConnector.with_ffn_model(vllm_config)

@@ -13,6 +13,7 @@ GPUs; the in-process loopback connector serves one-GPU checks.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -21,15 +22,13 @@ import torch
 from torch.distributed import PrefixStore, Store
 from vllm.distributed.utils import StatelessProcessGroup
 
-from afd_models.config import P2PExtraConfig
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
-from afd_models.connectors.p2p import (
-    DataPlane,
-    P2PAttentionConnector,
-    P2PFFNConnector,
-    Transfer,
-    Wait,
-)
+from afd_models.connectors.build import ConnectAttention, ConnectFFN, Site
+from afd_models.connectors.p2p.attention import P2PAttentionConnector
+from afd_models.connectors.p2p.ffn import P2PFFNConnector
+from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
+from afd_models.connectors.specs import P2PExtraConfig
+from afd_models.log import exit_process
 from afd_models.topology import Group
 
 #: how often a bounded wait looks at the stream (seconds)
@@ -57,12 +56,13 @@ def pynccl_communicator(group: StatelessProcessGroup, device: torch.device) -> C
     """vLLM's NCCL communicator for ``group`` on ``device`` (every member calls this together)."""
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
 
-    communicator = PyNcclCommunicator(group, device)
-    if communicator.disabled:
+    pynccl = PyNcclCommunicator(group, device)
+    if pynccl.disabled:
         raise AFDConnectionError(
             f"AFD nccl connector: vLLM's NCCL communicator is disabled on {device} (no NCCL "
             "library found, or VLLM_DISABLE_PYNCCL is set)"
         )
+    communicator: Communicator = pynccl
     return communicator
 
 
@@ -178,3 +178,35 @@ class NcclFFNConnector(P2PFFNConnector):
     ):
         plane = NcclDataPlane(device, extra.timeout_s, make_communicator)
         super().__init__(host, group, extra, fingerprint, plane=plane)
+
+
+def prepare_attention(site: Site) -> ConnectAttention:
+    """The NCCL Attention side of ``site`` (the spec's builder): a vanished FFN worker ends the
+    process (its transfers may wait on the device, where no timeout reaches them)."""
+
+    def connect(fingerprint: Fingerprint) -> NcclAttentionConnector:
+        return NcclAttentionConnector(
+            site.host,
+            site.group,
+            site.rank,
+            site.extra,
+            fingerprint,
+            device=site.device,
+            on_peer_gone=exit_process,
+        )
+
+    return connect
+
+
+def prepare_ffn(site: Site) -> ConnectFFN:
+    """The NCCL FFN side of ``site`` (the spec's builder; it takes no restart)."""
+
+    def connect(
+        fingerprint: Fingerprint,
+        *,
+        connect_timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> NcclFFNConnector:
+        return NcclFFNConnector(site.host, site.group, site.extra, fingerprint, device=site.device)
+
+    return connect

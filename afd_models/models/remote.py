@@ -67,7 +67,7 @@ class RemoteFFN(PPMissingLayer):
         dbo_yield()
         return self.connector.recv(self.layer_idx, hidden_states, ubatch)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return exchange(hidden_states, None, self.layer_name)
 
 

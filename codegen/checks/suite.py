@@ -22,11 +22,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from afd_models.generated_registry import GENERATED_ROOT, registry_data
 from codegen.checks import monkeypatch
+from codegen.checks.runtime import (
+    apply_platform_patches,
+    check_classes,
+    check_imports,
+    check_paths,
+    documented_paths,
+    platform_package,
+)
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import Generation
 from codegen.lock import lock_diff, render_lock
-from codegen.registry import GENERATED_ROOT
+from codegen.pipeline import generate, open_context, pinned_hash_findings
 from codegen.sources import Pin, SourceError, installed_version
 
 Progress = Callable[[str], None]
@@ -107,18 +116,11 @@ def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
 def runtime_findings(
     repo_root: Path, generation: Generation, pins: Mapping[str, Pin]
 ) -> list[Finding]:
+    # vLLM and the runtime are imported only here: the static checks run without them, and
+    # importing vLLM costs seconds
     from vllm import ModelRegistry
     from vllm.platforms import current_platform
     from vllm.plugins import load_general_plugins
-
-    from codegen.checks.runtime import (
-        apply_platform_patches,
-        check_classes,
-        check_imports,
-        check_paths,
-        documented_paths,
-        platform_package,
-    )
 
     # as the worker processes that run the model are: a plugin's patches of upstream must be in
     # place to be seen. Every engine process loads the general plugins; an out-of-tree platform's
@@ -184,9 +186,6 @@ def run_checks(
     """Every check against vLLM ``version`` (default: the primary pin). The generated code on
     disk and the runtime are checked only when they are that release's; ``tag`` prefixes the
     release to each finding of the generation (when several releases are checked)."""
-    from codegen.pipeline import generate, open_context, pinned_hash_findings
-    from codegen.registry import registry_data
-
     try:
         context = open_context(
             repo_root, upstream_root=upstream_root, use_installed=use_installed, version=version

@@ -148,7 +148,7 @@ def test_micro_batches_keep_every_sm() -> None:
     from vllm.config import VllmConfig
     from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
-    from afd_models.generated import generated_subclass
+    from afd_models.generated_classes import generated_subclass
 
     wrapper = generated_subclass("AFDUBatchWrapper", UBatchWrapper)
     with wrapper._create_sm_control_context(VllmConfig()):

@@ -1,6 +1,6 @@
 """The generated AFD model equals native vLLM, layer by layer, for several configs and both gate placements.
 
-Runs ``python -m afd_models.verify`` (the command users run on their configs) and checks its
+Runs ``python -m afd_models.cli.verify`` (the command users run on their configs) and checks its
 JSON: per-layer differences, output tokens, and the split of parameters between the roles.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing.tiny_models import tiny_config
+from afd_models.cli.tiny_models import tiny_config
 
 #: V2 (bitwise) and V3 (``noaux_tc``, grouped top-k) run on every supported vLLM release; the
 #: other configurations vary AFD's own plan and run on the primary release only
@@ -40,7 +40,7 @@ def test_verify_passes(variant: str, dtype: str, tmp_path: Path, vllm_env: dict[
         [
             sys.executable,
             "-m",
-            "afd_models.verify",
+            "afd_models.cli.verify",
             "--hf-config",
             str(config),
             "--dtype",

@@ -85,7 +85,7 @@ def test_worker_config_copies_split_at_the_exchange(
         import json
         from vllm.engine.arg_utils import EngineArgs
         from afd_models.config import AFDConfigError, Role
-        from afd_models.engine import prepare_worker_config
+        from afd_models.worker_config import prepare_worker_config
 
         def engine_config(role, **kwargs):
             return EngineArgs(model={str(tiny_v2)!r}, max_model_len=256, enable_prefix_caching=False,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from afd_models.testing import gloo_bench
+from afd_models.cli import gloo_bench
 
 #: AFD's own benchmark tool: the connector it times is tested on every supported release
 #: (test_gloo_connector.py)

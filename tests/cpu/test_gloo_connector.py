@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 import torch
 
-from afd_models.config import P2PExtraConfig
+from afd_models.cli.serve import free_port
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
-from afd_models.testing.serve import free_port, port_is_free
+from afd_models.connectors.specs import P2PExtraConfig
 from afd_models.topology import Group, groups
 from tests.logs import AFDLines
+from tests.probes import port_is_free
 
 EXTRA = P2PExtraConfig(connect_timeout_s=60, timeout_s=30)
 LAYERS = [0, 2]
@@ -597,7 +598,7 @@ def test_duplicate_rank_is_refused() -> None:
 def _raw_peer(port: int, sends: bytes, answer: dict[str, object]) -> None:
     """A client that is not an AFD connector of this version: it finds the step channel, sends
     ``sends`` and records what the FFN side answers."""
-    from afd_models.connectors.p2p import STEPS_KEY
+    from afd_models.connectors.p2p.rendezvous import STEPS_KEY
 
     store = torch.distributed.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30)
@@ -667,7 +668,7 @@ def test_ffn_without_handshake_is_reported() -> None:
     """An FFN side that publishes its step channel, reads and never answers: the Attention side
     says so within ``timeout_s`` and leaves nothing open."""
     from afd_models.connectors.gloo import GlooAttentionConnector
-    from afd_models.connectors.p2p import STEPS_KEY
+    from afd_models.connectors.p2p.rendezvous import STEPS_KEY
 
     port = free_port()
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)

@@ -25,16 +25,18 @@ from prometheus_client import REGISTRY
 from vllm.config import SchedulerConfig, VllmConfig
 from vllm.v1.outputs import ModelRunnerOutput
 
-from afd_models.config import AFDConfigError, P2PExtraConfig, parse_afd_config
+from afd_models.cli.serve import free_port
+from afd_models.config import AFDConfigError, parse_afd_config
 from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, AFDPeerLostError
 from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
+from afd_models.connectors.specs import P2PExtraConfig
 from afd_models.ffn_server import FFNServer
 from afd_models.runner_roles import FFNRejoin, fail_lost_step, forward_across_restarts
 from afd_models.scheduler import SCHEDULER_CLS
 from afd_models.step_failures import failed_requests, failed_step_output
-from afd_models.testing.serve import free_port, port_is_free
 from afd_models.topology import Group, groups
 from tests.logs import AFDLines
+from tests.probes import port_is_free
 
 HIDDEN = 16
 LAYERS = [1, 2]
@@ -274,7 +276,7 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
     """TP or DP partners would re-enter their collectives at other layers, a KV connector would
     save the step's layers twice, and the multiprocess executor gives up on a step after
     VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
-    from afd_models.connectors.factory import check_restart
+    from afd_models.worker_config import check_restart
 
     monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", env_timeout)
     engine = SimpleNamespace(
@@ -325,7 +327,7 @@ def test_an_attention_engine_that_could_not_fail_a_lost_step_is_refused(
     """Past the timeout, a step's requests are failed by the AFD scheduler, which a synchronous
     engine core hands the failed step: vLLM's own schedulers, or async scheduling, are refused
     on the Attention role (the FFN engine schedules nothing)."""
-    from afd_models.connectors.factory import check_restart
+    from afd_models.worker_config import check_restart
 
     engine = VllmConfig()
     # set after the config's checks: vLLM's CPU platform turns async scheduling off

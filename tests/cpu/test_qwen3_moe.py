@@ -1,4 +1,4 @@
-"""Qwen3-MoE: the tiny builder, ``python -m afd_models.verify`` on several configs (bitwise in
+"""Qwen3-MoE: the tiny builder, ``python -m afd_models.cli.verify`` on several configs (bitwise in
 float32, both gate placements, each role's parameters) and the one-line refusals of the command."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from afd_models.testing.tiny_models import is_moe_layer, tiny_config, write_tiny_model
+from afd_models.cli.hf_config import is_moe_layer
+from afd_models.cli.tiny_models import tiny_config, write_tiny_model
 
-VERIFY = [sys.executable, "-m", "afd_models.verify"]
+VERIFY = [sys.executable, "-m", "afd_models.cli.verify"]
 
 #: experts / top-k / norm_topk_prob / decoder_sparse_step / mlp_only_layers vary between the cases
 CASES = {

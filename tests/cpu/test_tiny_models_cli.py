@@ -1,4 +1,4 @@
-"""``python -m afd_models.testing.tiny_models``: the command the user guide gives to make a model."""
+"""``python -m afd_models.cli.tiny_models``: the command the user guide gives to make a model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 #: under every e2e and verify test
 pytestmark = pytest.mark.primary_release
 
-COMMAND = [sys.executable, "-m", "afd_models.testing.tiny_models"]
+COMMAND = [sys.executable, "-m", "afd_models.cli.tiny_models"]
 
 
 def test_cli_writes_a_checkpoint_with_the_requested_margin_scale(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
 
+from afd_models.cli.tiny_models import write_tiny_model
 from afd_models.models.loading import finish_loading, mark_unloaded
-from afd_models.testing.tiny_models import write_tiny_model
 from tests.engine import run_python
 
 AFD_RUN = """

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing.tiny_models import write_tiny_model
+from afd_models.cli.tiny_models import write_tiny_model
 
 
 @pytest.fixture(scope="session")

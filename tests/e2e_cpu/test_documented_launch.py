@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing import serve
+from afd_models.cli import serve
+from tests import probes
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "user-guide.md"
@@ -107,7 +108,7 @@ def test_documented_launch_serves_a_completion_in_compiled_mode(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     blocks = documented_blocks(GUIDE)
-    busy = [port for port in DOCUMENTED_PORTS if not serve.port_is_free(port)]
+    busy = [port for port in DOCUMENTED_PORTS if not probes.port_is_free(port)]
     assert not busy, (
         f"the documented ports {busy} are in use on this machine; free them to run this test"
     )

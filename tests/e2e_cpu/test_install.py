@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from afd_models._freshness import installed_vllm
-from afd_models.testing import serve
-from codegen.registry import registry_data
+from afd_models.cli import serve
+from afd_models.generated_registry import registry_data
+from tests import probes
 from tests.checkout import REPO, tracked_copy
 from tests.e2e_cpu.test_documented_launch import GUIDE, documented_blocks, run_block
 from tests.engine import run_python
@@ -133,7 +134,7 @@ def test_wheel_serves_batched_requests_and_stops_cleanly(
         attention_code = serve.stop(attention)
     assert (attention_code, ffn_code) == (0, 0)
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
-    assert serve.port_is_free(afd["port"])
+    assert probes.port_is_free(afd["port"])
     assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
     assert not serve.ran_compiled(attention)
 

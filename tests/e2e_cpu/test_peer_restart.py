@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing import serve
+from afd_models.cli import serve
+from tests import probes
 
 PROMPTS = ["Hello world, the license", "The quick brown fox", "Attention and experts"]
 MAX_TOKENS = 16
@@ -136,8 +137,8 @@ def test_either_role_restarts_under_load_without_losing_a_request(
         load.wait_for(done + 3, REQUEST_TIMEOUT_S)
         results = load.stop()
         assert [r for r in results if r[1] != expected[r[0]]] == []
-        assert serve.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
-        assert serve.metric_value(attention, "afd_peer_connected", **on_attention) == 1
+        assert probes.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
+        assert probes.metric_value(attention, "afd_peer_connected", **on_attention) == 1
 
         # --- the Attention engine dies under load; the FFN engine waits for the restarted one
         serve.wait_ready([ffn], START_TIMEOUT_S)  # its API server comes up after it connected
@@ -153,8 +154,8 @@ def test_either_role_restarts_under_load_without_losing_a_request(
         serve.wait_ready([attention], START_TIMEOUT_S)
         assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
         assert serve.ran_compiled(attention), attention.log_tail()
-        assert serve.metric_value(ffn, "afd_reconnects_total", **on_ffn) == 1
-        assert serve.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1
+        assert probes.metric_value(ffn, "afd_reconnects_total", **on_ffn) == 1
+        assert probes.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1
 
         # --- the FFN engine stays away past the timeout: the request fails, the engine stays
         # up, and serves again once an FFN engine is back
@@ -166,18 +167,18 @@ def test_either_role_restarts_under_load_without_losing_a_request(
         _wait_for_line(attention, "failing the step's 1 requests (the engine stays up", 30)
         assert serve.health(attention) == 200 and attention.alive()
         errors = {"finished_reason": "error"}
-        assert serve.metric_value(attention, "vllm:request_success_total", **errors) == 1
+        assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
         ffn = start_ffn("restart-ffn-3")
         servers.append(ffn)
         # with no request in flight: its API server comes up once the Attention engine connected
         serve.wait_ready([ffn], START_TIMEOUT_S)
         _wait_for_line(attention, "an FFN engine connected; the next step runs on it", 30)
         assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
-        assert serve.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
-        assert serve.metric_value(attention, "vllm:request_success_total", **errors) == 1
+        assert probes.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
+        assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
     finally:
         codes = {s.name: serve.stop(s) for s in reversed(servers)}
     assert not any(serve.group_alive(s) for s in servers)
     for port in (afd["port"], ffn_port, attention_port):
-        assert serve.port_is_free(port), port
+        assert probes.port_is_free(port), port
     assert codes[attention.name] is not None and codes[ffn.name] is not None

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing import serve
+from afd_models.cli import serve
+from tests import probes
 
 PROMPTS = [
     "Hello world, the license",
@@ -140,7 +141,7 @@ def test_pair_matches_baseline_and_fails_cleanly(
     finally:
         codes = {s.name: serve.stop(s) for s in (attention, ffn)}
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
-    assert serve.port_is_free(afd["port"]) and serve.port_is_free(attention.port)
+    assert probes.port_is_free(afd["port"]) and probes.port_is_free(attention.port)
     assert codes[attention.name] is not None
 
 
@@ -149,19 +150,19 @@ def _check_metrics(attention: serve.Server, ffn: serve.Server, tokens: int) -> N
     and both sides count the same steps (the FFN's by its peer, attention rank 0)."""
     on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
     on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
-    steps = serve.metric_value(attention, "afd_steps_total", **on_attention)
+    steps = probes.metric_value(attention, "afd_steps_total", **on_attention)
     assert steps >= tokens
-    assert serve.metric_value(ffn, "afd_steps_total", **on_ffn) == steps
-    assert serve.metric_value(attention, "afd_tokens_total", **on_attention) >= tokens
+    assert probes.metric_value(ffn, "afd_steps_total", **on_ffn) == steps
+    assert probes.metric_value(attention, "afd_tokens_total", **on_attention) >= tokens
     assert (
-        serve.metric_value(attention, "afd_exchange_seconds_count", **on_attention, layer="1")
+        probes.metric_value(attention, "afd_exchange_seconds_count", **on_attention, layer="1")
         == steps
     )
     for direction in ("sent", "received"):
         assert (
-            serve.metric_value(attention, "afd_bytes_total", **on_attention, direction=direction)
+            probes.metric_value(attention, "afd_bytes_total", **on_attention, direction=direction)
             > 0
         )
-        assert serve.metric_value(ffn, "afd_bytes_total", **on_ffn, direction=direction) > 0
-    assert serve.metric_value(attention, "afd_peer_connected", **on_attention) == 1
-    assert serve.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1
+        assert probes.metric_value(ffn, "afd_bytes_total", **on_ffn, direction=direction) > 0
+    assert probes.metric_value(attention, "afd_peer_connected", **on_attention) == 1
+    assert probes.metric_value(ffn, "afd_peer_connected", **on_ffn) == 1

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing import serve
-from afd_models.testing.tiny_models import write_tiny_model
+from afd_models.cli import serve
+from afd_models.cli.tiny_models import write_tiny_model
 from tests.e2e_cpu.test_serve_pair import (
     MAX_TOKENS,
     ONE_SEQUENCE,

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.testing import serve
+from afd_models.cli import serve
+from tests import probes
 
 PROMPTS = [
     "Hello world, the license",
@@ -255,7 +256,7 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
     try:
         serve.wait_ready(servers, START_TIMEOUT_S)
         # steps before the requests: vLLM's profiling forward of each Attention rank
-        served_from = [len(serve.ffn_steps(ffn)[0]) for ffn in ffns]
+        served_from = [len(probes.ffn_steps(ffn)[0]) for ffn in ffns]
         with ThreadPoolExecutor(len(attentions)) as pool:
             outputs = list(pool.map(_complete_all, attentions))
         for attention, tokens in zip(attentions, outputs, strict=True):
@@ -267,22 +268,22 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
             # before and after reading them, plus the one a lane may be serving (a DP dummy
             # step may still be arriving; a step is counted when its header arrives and
             # recorded once it is served)
-            before = [len(lane) for lane in serve.ffn_steps(ffn)]
+            before = [len(lane) for lane in probes.ffn_steps(ffn)]
             counted = {
-                (lane, rank): serve.metric_value(
+                (lane, rank): probes.metric_value(
                     ffn, "afd_steps_total", role="ffn", lane=str(lane), peer=f"attention{rank}"
                 )
                 for lane in range(topology.tp)
                 for rank in peers
             }
-            after = [len(lane) for lane in serve.ffn_steps(ffn)]
+            after = [len(lane) for lane in probes.ffn_steps(ffn)]
             for (lane, rank), steps in counted.items():
                 assert before[lane] <= steps <= after[lane] + 1, (ffn.name, lane, rank, steps)
 
         counts_of_rank: dict[int, list[int]] = {}  # Attention rank -> its count in every step
         uneven = 0
         for ffn, peers, first in zip(ffns, topology.peers, served_from, strict=True):
-            lanes = serve.ffn_steps(ffn)
+            lanes = probes.ffn_steps(ffn)
             # FFN TP partners computed on identical tokens, each received on its own lane (a
             # DP dummy step may still be running on one: compare the steps all have finished)
             assert len(lanes) == topology.tp, ffn.name
@@ -319,10 +320,10 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
 
         deployment = 0
         for server in servers:
-            rss = serve.peak_rss_bytes(server)
+            rss = probes.peak_rss_bytes(server)
             memory[f"{topology.name}/{server.name.removeprefix(topology.name + '-')}"] = (
                 rss,
-                serve.pss_bytes(server),
+                probes.pss_bytes(server),
             )
             deployment += rss
         assert 0 < deployment < MACHINE_BYTES, deployment

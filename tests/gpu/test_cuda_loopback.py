@@ -2,7 +2,7 @@
 ``AFDAttentionGPUModelRunner`` on ``GPUModelRunner``) inside vLLM's engine on a CUDA device, with
 the FFN half in-process behind the loopback connector, against the native model.
 
-The runs are tools/gpu_check.py's (the same checks as a script, for a GPU host without pytest):
+The runs are tools.gpu_check's (the same checks as a command, for a GPU host without pytest):
 each engine in a fresh interpreter, for every mode the runtime supports (eager, piecewise CUDA
 graphs, FULL_DECODE_ONLY) and both gate placements. Greedy tokens must equal native vLLM's, and
 the worker's counters must fit the mode: a FULL_DECODE_ONLY run that never captured and replayed
@@ -16,13 +16,10 @@ reason (tests/conftest.py).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import gpu_check
+from tools import gpu_check
+from tools.harness.results import EngineResult
 
 MODES = [mode.name for mode in gpu_check.MODES if mode.no_loopback is None]
 NCCL_MODES = [mode.name for mode in gpu_check.MODES if mode.nccl]
@@ -38,15 +35,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> gpu_check.Setup:
 
 
 @pytest.fixture(scope="module")
-def natives() -> dict[str, gpu_check.EngineResult]:
+def natives() -> dict[str, EngineResult]:
     """Native results by mode: native vLLM does not depend on the gate placement, so it runs
     once per mode."""
     return {}
 
 
 def _native(
-    mode: gpu_check.Mode, setup: gpu_check.Setup, natives: dict[str, gpu_check.EngineResult]
-) -> gpu_check.EngineResult:
+    mode: gpu_check.Mode, setup: gpu_check.Setup, natives: dict[str, EngineResult]
+) -> EngineResult:
     if mode.name not in natives:
         natives[mode.name] = gpu_check.run_native(mode, setup)
     native = natives[mode.name]
@@ -68,7 +65,7 @@ def test_loopback_equals_native_and_counters_fit_the_mode(
     mode_name: str,
     gate: gpu_check.Gate,
     setup: gpu_check.Setup,
-    natives: dict[str, gpu_check.EngineResult],
+    natives: dict[str, EngineResult],
 ) -> None:
     """Greedy tokens equal native vLLM's in the mode; the graph counters show the mode ran."""
     mode = gpu_check.mode_named(mode_name)
@@ -82,7 +79,7 @@ def test_nccl_pair_equals_native(
     mode_name: str,
     gate: gpu_check.Gate,
     setup: gpu_check.Setup,
-    natives: dict[str, gpu_check.EngineResult],
+    natives: dict[str, EngineResult],
 ) -> None:
     """FFN engine on the second device, Attention on the first, over NCCL: native's tokens."""
     if len(setup.host.device_ids) < 2:

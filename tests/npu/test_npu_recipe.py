@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import probes
 from tests.unit.test_npu_check import recipe_blocks
 
 #: where the documented check blocks write their JSON report
@@ -65,7 +66,7 @@ def test_install_check_passes(name: str) -> None:
 
 
 def test_recipe_serves_a_completion(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from afd_models.testing import serve
+    from afd_models.cli import serve
     from tests.e2e_cpu.test_documented_launch import documented_port, run_block, start_block
 
     count = _npu_count()
@@ -73,7 +74,7 @@ def test_recipe_serves_a_completion(tmp_path_factory: pytest.TempPathFactory) ->
         pytest.skip(f"the 2A1F recipe pins {RECIPE_NPUS} NPUs, this host has {count}")
     blocks = recipe_blocks()
     ports = [documented_port(blocks[name]) for name in ("ffn", "attention")] + [29650]
-    busy = [port for port in ports if not serve.port_is_free(port)]
+    busy = [port for port in ports if not probes.port_is_free(port)]
     assert not busy, f"the documented ports {busy} are in use; free them to run this test"
     logs = tmp_path_factory.mktemp("npu-recipe")
     servers = [

@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from afd_models.config import CAMAsyncExtraConfig, CAMP2PExtraConfig
 from afd_models.connectors.base import AFDConnectionError
 from afd_models.connectors.cam import (
     CAMAsyncAFDConnector,
@@ -33,6 +32,7 @@ from afd_models.connectors.cam_ops import (
     load_cam_async_ops,
     load_cam_p2p_ops,
 )
+from afd_models.connectors.specs import CAMAsyncExtraConfig, CAMP2PExtraConfig
 from afd_models.topology import groups
 
 CPU = torch.device("cpu")
@@ -194,7 +194,7 @@ def test_camp2p_worlds_follow_the_project_groups(a: int, f: int) -> None:
 def test_camp2p_refuses_what_the_kernels_cannot_move() -> None:
     """float16 hidden states are refused by name before any kernel runs."""
     from afd_models.connectors.cam import CamP2PDataPlane
-    from afd_models.connectors.p2p import Transfer
+    from afd_models.connectors.p2p.plane import Transfer
 
     ops = FakeCamP2P()
     plane = CamP2PDataPlane(CPU, 1.0, ops)

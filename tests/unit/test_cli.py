@@ -1,16 +1,24 @@
-"""Exit codes of ``python -m codegen``: 0 clean, 2 blocking, 3 tool error (never 0 after an exception)."""
+"""Exit codes of ``python -m codegen``: 0 clean, 1 review, 2 blocking, 3 usage or tool error
+(never 0 after an exception), as the table in docs/maintainers.md says."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from codegen.cli import main
+from codegen.cli import build_parser, main
+from codegen.findings import ExitCode, Finding, Kind, Severity, exit_code
 from codegen.pipeline import generate, write_output
 
 from .fake_repo import HEADER, make_repo
+
+REPO = Path(__file__).resolve().parents[2]
 
 OK = (
     HEADER
@@ -83,6 +91,17 @@ def test_show_marks_edits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "super() +     super(Base, self).__init__()" in out
 
 
+def test_show_of_an_unknown_member_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """show of a symbol no generated member has: exit 3 naming the known members, no traceback."""
+    context = make_repo(tmp_path, OK)
+    assert main(_args(context, "show", "A.nope")) == 3
+    err = capsys.readouterr().err
+    assert "'A.nope' is not a generated member; known: A.helper" in err
+    assert "Traceback" not in err
+
+
 def test_unsupported_release_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--vllm-version outside the pins' support window: exit 3 before anything is read, naming
     the value and the supported releases; --all-versions takes no single release."""
@@ -93,3 +112,74 @@ def test_unsupported_release_is_refused(tmp_path: Path, capsys: pytest.CaptureFi
     assert not (context.repo_root / "afd_models/_generated").exists()
     assert main(_args(context, "check", "--all-versions")) == 3
     assert "--all-versions reads every supported release itself" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["frobnicate"], ["check", "--format", "xml"], ["drift"], ["regenerate", "--nope"]],
+    ids=["no-command", "unknown-command", "bad-choice", "missing-option", "unknown-option"],
+)
+def test_usage_errors_exit_3(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """An argparse usage error exits 3 (usage or tool error), not argparse's 2 (which reads as
+    "blocks"), with the usage line."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 3
+    assert "usage: python -m codegen" in capsys.readouterr().err
+
+
+def test_usage_error_exit_code_of_the_command() -> None:
+    """``python -m codegen`` itself exits 3 on a usage error."""
+    result = subprocess.run(
+        [sys.executable, "-m", "codegen", "frobnicate"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 3, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("severities", "code"),
+    [
+        ((), 0),
+        ((Severity.INFO,), 0),
+        ((Severity.INFO, Severity.REVIEW), 1),
+        ((Severity.REVIEW, Severity.BLOCK, Severity.INFO), 2),
+    ],
+)
+def test_exit_code_is_the_worst_finding(severities: tuple[Severity, ...], code: int) -> None:
+    """0 clean (info only), 1 something to review, 2 something blocks."""
+    findings = [Finding(Kind.DRIFT_BODY, s, f"m:f{i}", "changed") for i, s in enumerate(severities)]
+    assert exit_code(findings) == code
+
+
+def _tables(section: str) -> list[list[list[str]]]:
+    """The Markdown tables of a section, as rows of cells (header and rule left out)."""
+    tables: list[list[list[str]]] = []
+    rows: list[list[str]] = []
+    for line in [*section.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif rows:
+            tables.append(rows[2:])
+            rows = []
+    return tables
+
+
+def test_exit_code_table_is_documented() -> None:
+    """docs/maintainers.md, "Exit codes": one row per code of ExitCode, one row per codegen
+    command, and nothing else."""
+    text = (REPO / "docs/maintainers.md").read_text()
+    section = re.search(r"^## Exit codes$(.*?)^## ", text, re.MULTILINE | re.DOTALL)
+    assert section is not None
+    codes, commands, *_ = _tables(section.group(1))
+    assert [int(row[0]) for row in codes] == [code.value for code in ExitCode]
+    (subcommands,) = (
+        action.choices
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    documented = [row[0].strip("`").removeprefix("python -m codegen ") for row in commands]
+    assert documented == list(subcommands)

@@ -11,15 +11,13 @@ import pytest
 
 from afd_models.config import (
     AFDConfigError,
-    CAMAsyncExtraConfig,
-    CAMP2PExtraConfig,
-    P2PExtraConfig,
     Role,
     afd_config_from,
     check_connector_platform,
     parse_afd_config,
     require_afd_config,
 )
+from afd_models.connectors.specs import CAMAsyncExtraConfig, CAMP2PExtraConfig, P2PExtraConfig
 from afd_models.topology import check_attention_engine
 
 

@@ -1,4 +1,4 @@
-"""Engine flags the AFD runtime refuses before anything is built (afd_models.engine.refuse_unsupported).
+"""Engine flags the AFD runtime refuses before anything is built (afd_models.worker_config.refuse_unsupported).
 
 The configs are stand-ins with the attributes the check reads: the CUDA-graph, DBO and pipeline
 settings cannot be set on this machine's CPU platform (it forces them off), and the check itself
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from afd_models.config import AFDConfigError, parse_afd_config
-from afd_models.engine import refuse_unsupported
+from afd_models.worker_config import refuse_unsupported
 
 
 def engine(

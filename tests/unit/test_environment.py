@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from codegen.fetch import _file_version
+from tools import cpu_env
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import cpu_env
+#: the documented command's script, run with a bare Python from any directory
+SCRIPT = Path(cpu_env.__file__)
 
 
 @pytest.mark.parametrize(
@@ -117,13 +119,13 @@ def test_unsupported_release_is_refused(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """An unsupported --vllm-version fails naming the value and the supported releases, and
-    touches no env (a `remove` would otherwise delete one)."""
+    """An unsupported --vllm-version is a usage error (exit 3) naming the value and the supported
+    releases, and touches no env (a `remove` would otherwise delete one)."""
     monkeypatch.setenv("AFD_CPU_ENV", str(tmp_path / "env"))
     envs = [tmp_path / "env", tmp_path / "env-vllm0.27.0"]
     for env in envs:
         (env / "bin").mkdir(parents=True)
-    assert cpu_env.main([command, "--vllm-version", "0.27.0"]) == 2
+    assert cpu_env.main([command, "--vllm-version", "0.27.0"]) == 3
     err = capsys.readouterr().err
     assert "'0.27.0'" in err and ", ".join(cpu_env.supported_versions()) in err
     assert all((env / "bin").is_dir() for env in envs)
@@ -193,3 +195,45 @@ def test_path_follows_the_generated_code(
         registry.write_text(f'UPSTREAM = {{"vllm": "{generated}"}}\n')
     assert cpu_env.main(["path", "--project", str(project)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / expected)
+
+
+def _script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+
+
+def test_the_script_runs_from_any_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`python3 tools/cpu_env.py path` from another directory names the same env as the module
+    does in-process: the script hands over to `python -m tools.cpu_env` in the checkout."""
+    monkeypatch.delenv("AFD_CPU_ENV", raising=False)
+    result = _script("path", "--vllm-version", "0.28.0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(cpu_env.env_dir(cpu_env.recipe("0.28.0")))
+    versions = _script("versions", cwd=tmp_path)
+    assert versions.stdout.split() == list(cpu_env.supported_versions())
+
+
+def test_the_script_resolves_a_relative_project_from_the_callers_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--project DIR` names DIR relative to where the command runs, not to the checkout."""
+    monkeypatch.setenv("AFD_CPU_ENV", str(tmp_path / "env"))
+    registry = tmp_path / "checkout" / "afd_models/_generated/__init__.py"
+    registry.parent.mkdir(parents=True)
+    registry.write_text('UPSTREAM = {"vllm": "0.28.0"}\n')
+    result = _script("path", "--project", "checkout", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(tmp_path / "env-vllm0.28.0")
+
+
+@pytest.mark.parametrize(
+    "argv", [["bogus"], [], ["path", "--vllm-version"], ["path", "--vllm-version", "0.27.0"]]
+)
+def test_usage_errors_exit_3(argv: list[str], tmp_path: Path) -> None:
+    """An unknown command, a missing value or an unsupported release exits 3 with a message."""
+    result = _script(*argv, cwd=tmp_path)
+    assert result.returncode == 3
+    assert "tools/cpu_env.py: error:" in result.stderr

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from afd_models.config import AFDConfig, AFDConfigError, CAMP2PExtraConfig, Role
+from afd_models.config import AFDConfig, AFDConfigError, Role
+from afd_models.connectors.specs import CAMP2PExtraConfig
 from afd_models.force_load_balance import (
     SEED,
     ForceLoadBalancer,

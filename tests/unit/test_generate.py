@@ -8,9 +8,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from afd_models.generated_registry import GENERATED_ROOT
 from codegen.generate import LOCK_PATH, calls_super
 from codegen.pipeline import Context, generate, up_to_date, write_output
-from codegen.registry import GENERATED_ROOT
 
 from .fake_repo import HEADER, make_repo
 

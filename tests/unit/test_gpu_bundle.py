@@ -1,4 +1,4 @@
-"""The GPU bundle: parts, manifest and assembly, resolution planning, host checks, CLI (tools/gpu_bundle.py)."""
+"""The GPU bundle: parts, manifest and assembly, resolution planning, host checks, CLI (tools.gpu_bundle)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import gpu_bundle
-from gpu_bundle import (
+from tools import gpu_bundle
+from tools.gpu_bundle import (
     BundleError,
     BundleSpec,
     HostDist,
@@ -31,8 +30,10 @@ from gpu_bundle import (
     WheelInfo,
     WheelRole,
 )
+from tools.harness.processes import REPO_ROOT
 
-SCRIPT = Path(gpu_bundle.__file__)
+#: the command as documented, run from the repository root
+COMMAND = [sys.executable, "-m", "tools.gpu_bundle"]
 SPEC = BundleSpec("0.26.0", "2.11.0", "3.12", "manylinux_2_31_x86_64")
 #: Small enough that a few KiB of fake wheels make several parts.
 PART_BYTES = 2048
@@ -373,31 +374,34 @@ def test_host_problems(change: dict[str, Any], message: str | None) -> None:
     ],
 )
 def test_help_needs_only_the_standard_library(command: list[str], mentions: str) -> None:
-    """--help of the tool and of each command exits 0 with site-packages switched off (-I -S)."""
+    """--help of the tool and of each command exits 0 with site-packages and PYTHONPATH switched
+    off (-S -E), from the repository root."""
     result = subprocess.run(
-        [sys.executable, "-I", "-S", str(SCRIPT), *command, "--help"],
+        [sys.executable, "-S", "-E", *COMMAND[1:], *command, "--help"],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=REPO_ROOT,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: gpu_bundle.py") and mentions in result.stdout
-
-
-def test_loads_by_path_unregistered() -> None:
-    """The module loads from its path without a sys.modules entry, as tools/gpu_check.py loads it."""
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('gpu_bundle', {str(SCRIPT)!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
-        "print('gpu_bundle' in sys.modules, module.Manifest.__name__)\n"
+    assert (
+        result.stdout.startswith("usage: python -m tools.gpu_bundle") and mentions in result.stdout
     )
+
+
+def test_the_install_the_gpu_check_calls_needs_only_the_standard_library() -> None:
+    """tools.gpu_check imports the bundle's install as a module of the package, with
+    site-packages and PYTHONPATH switched off (-S -E), as on a GPU host without vLLM."""
+    code = "from tools.gpu_check.host import install_bundle; print(install_bundle.__name__)"
     result = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
+        [sys.executable, "-S", "-E", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "Manifest"]
+    assert result.stdout.split() == ["install_bundle"]
 
 
 @pytest.mark.parametrize(
@@ -410,11 +414,11 @@ def test_loads_by_path_unregistered() -> None:
     ],
 )
 def test_bad_part_mib_is_refused(tmp_path: Path, value: str, message: str) -> None:
-    """A --part-mib outside 1..60 stops the build before anything runs, naming flag, value and range."""
+    """A --part-mib outside 1..60 stops the build before anything runs (a usage error, exit 3),
+    naming flag, value and range."""
     result = subprocess.run(
         [
-            sys.executable,
-            str(SCRIPT),
+            *COMMAND,
             "build",
             "--out",
             str(tmp_path / "out"),
@@ -423,8 +427,9 @@ def test_bad_part_mib_is_refused(tmp_path: Path, value: str, message: str) -> No
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=REPO_ROOT,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert f"argument --part-mib: {message}" in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -465,11 +470,12 @@ def _tiny_wheel(directory: Path, name: str, version: str) -> WheelInfo:
 def _install(parts: Path, target: Path, fake_torch: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(fake_torch))
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "install", "--parts", str(parts), "--target", str(target)],
+        [*COMMAND, "install", "--parts", str(parts), "--target", str(target)],
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
+        cwd=REPO_ROOT,
     )
 
 
@@ -507,12 +513,14 @@ def test_install_into_target_offline(host_bundle: tuple[Path, Path], tmp_path: P
 
 
 def test_install_refuses_another_python(host_bundle: tuple[Path, Path], tmp_path: Path) -> None:
-    """A bundle for another Python is refused before pip runs, with the versions in the message."""
+    """A bundle for another Python is refused (exit 3) before pip runs, with the versions in the
+    message."""
     parts, fake_torch = host_bundle
     data = json.loads((parts / "manifest.json").read_text())
     data["python_version"] = "3.99"
     (parts / "manifest.json").write_text(json.dumps(data))
     result = _install(parts, tmp_path / "target", fake_torch)
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert "the bundle is for CPython 3.99" in result.stderr
+    assert "python -m tools.gpu_bundle install: error: this host cannot take" in result.stderr
     assert not (tmp_path / "target").exists()

@@ -1,5 +1,5 @@
-"""The GPU check script's pure parts (tools/gpu_check.py): argument validation, the counter rule,
-the verdict of a run, the report and its JSON, exit codes; no vLLM, torch or GPU needed."""
+"""The GPU check's pure parts (tools.gpu_check): argument validation, the counter rule, the
+verdict of a run, the report and its JSON, exit codes; no vLLM, torch or GPU needed."""
 
 from __future__ import annotations
 
@@ -14,24 +14,23 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import gpu_check
-from gpu_check import (
-    Counters,
-    EngineResult,
-    Gate,
-    HostInfo,
-    ModeStatus,
-    NcclStatus,
-    PairResult,
-    Setup,
-)
+from tools import gpu_check
+from tools.gpu_bundle import install as bundle_install
+from tools.gpu_bundle.manifest import BundleError
+from tools.gpu_check import Gate, HostInfo, ModeStatus, NcclStatus, PairResult, Setup
+from tools.gpu_check.child import exchange_latency
+from tools.gpu_check.runs import CHILDREN
+from tools.harness.child import worker_classes
+from tools.harness.cli import UsageError, write_json
+from tools.harness.processes import REPO_ROOT, EngineProcess, visible_device_ids
+from tools.harness.results import MAX_TOKENS, PROMPTS, Counters, EngineResult, EngineSpec
 
-SCRIPT = Path(gpu_check.__file__)
+#: the command as documented, run from the repository root
+COMMAND = [sys.executable, "-m", "tools.gpu_check"]
 EAGER = gpu_check.mode_named("eager")
 PIECEWISE = gpu_check.mode_named("piecewise")
 FULL = gpu_check.mode_named("full-decode-only")
-TOKENS = tuple(tuple(range(i, i + gpu_check.MAX_TOKENS)) for i in range(len(gpu_check.PROMPTS)))
+TOKENS = tuple(tuple(range(i, i + MAX_TOKENS)) for i in range(len(PROMPTS)))
 ONE_GPU = HostInfo("3.12.3", "2.11.0+cu128", "12.8", "0.26.0", ("NVIDIA H200",), ("0",))
 TWO_GPUS = dataclasses.replace(ONE_GPU, devices=("NVIDIA H200",) * 2, device_ids=("0", "1"))
 
@@ -103,9 +102,9 @@ UNREACHABLE = gpu_check.Host(_unreachable, _unreachable, _unreachable, None)
 
 
 def test_help_exits_0_via_subprocess() -> None:
-    """``--help`` works as a script and lists the options an operator needs."""
+    """``--help`` works as a command and lists the options an operator needs."""
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60
+        [*COMMAND, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
     assert result.returncode == 0, result.stderr
     for option in ("--bundle", "--only", "--gate", "--json", "full-decode-only"):
@@ -116,11 +115,11 @@ def test_help_imports_only_the_standard_library(tmp_path: Path) -> None:
     """Running ``--help`` imports neither torch nor vLLM nor afd_models (``-X importtime`` lists
     every module the interpreter imports)."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", str(SCRIPT), "--help"],
+        [sys.executable, "-X", "importtime", *COMMAND[1:], "--help"],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=tmp_path,
+        cwd=REPO_ROOT,
     )
     assert result.returncode == 0, result.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
@@ -138,37 +137,46 @@ def test_help_imports_only_the_standard_library(tmp_path: Path) -> None:
     ],
     ids=["unknown-mode", "unknown-gate", "zero-timeout"],
 )
-def test_bad_arguments_exit_2_naming_the_value_and_the_allowed_ones(
+def test_bad_arguments_exit_3_naming_the_value_and_the_allowed_ones(
     argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A bad value exits 2 before anything runs, with the value and what is allowed."""
+    """A bad value exits 3 (usage) before anything runs, with the value and what is allowed."""
     code, err = _main(argv, capsys, UNREACHABLE)
-    assert code == 2
+    assert code == 3
     for text in expected:
         assert text in err
 
 
-def test_bundle_without_manifest_exits_2(
+def test_a_malformed_command_line_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown option or a missing value is a usage error: exit 3, not argparse's 2."""
+    for argv in (["--no-such-option"], ["--gate"]):
+        with pytest.raises(SystemExit) as caught:
+            gpu_check.main(argv, UNREACHABLE)
+        assert caught.value.code == 3
+        assert "python -m tools.gpu_check: error:" in capsys.readouterr().err
+
+
+def test_bundle_without_manifest_exits_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--bundle must name the directory holding the parts and manifest.json."""
     code, err = _main(["--bundle", str(tmp_path)], capsys, UNREACHABLE)
-    assert code == 2
+    assert code == 3
     assert "manifest.json" in err
 
 
-def test_no_vllm_and_no_bundle_exits_2_saying_what_to_pass(
+def test_no_vllm_and_no_bundle_exits_3_saying_what_to_pass(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Without vLLM and without --bundle the script says to pass --bundle."""
+    """Without vLLM and without --bundle the check says to pass --bundle."""
     host = dataclasses.replace(UNREACHABLE, vllm_importable=lambda: False)
     code, err = _main(["--only", "eager"], capsys, host)
-    assert code == 2
+    assert code == 3
     assert "vLLM is not importable" in err and "--bundle DIR" in err
 
 
 def test_a_crash_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An exception in the script itself is exit 3 with its traceback, never 0 or 1."""
+    """An exception in the check itself is exit 3 with its traceback, never 0 or 2."""
 
     def crash(*args: Any) -> Setup:
         raise RuntimeError("a bug in the check")
@@ -216,15 +224,14 @@ def test_resolve_env_puts_the_bundle_target_and_repo_first(tmp_path: Path) -> No
     )
     assert installed == [(tmp_path / "parts", tmp_path / "site")]
     paths = env["PYTHONPATH"].split(os.pathsep)
-    assert paths[:2] == [str(tmp_path / "site"), str(gpu_check.REPO_ROOT)]
+    assert paths[:2] == [str(tmp_path / "site"), str(REPO_ROOT)]
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
-def test_gpu_bundle_exposes_the_install_the_script_calls() -> None:
-    """tools/gpu_bundle.py has ``install(parts, *, target)`` and ``BundleError``."""
-    bundle = gpu_check.load_gpu_bundle()
-    assert issubclass(bundle.BundleError, Exception)
-    parameters = list(inspect.signature(bundle.install).parameters.values())
+def test_gpu_bundle_exposes_the_install_the_check_calls() -> None:
+    """tools.gpu_bundle has ``install(parts, *, target)`` and ``BundleError``."""
+    assert issubclass(BundleError, Exception)
+    parameters = list(inspect.signature(bundle_install).parameters.values())
     assert parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD  # the parts directory
     target = next(p for p in parameters if p.name == "target")
     assert target.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -241,7 +248,7 @@ def test_gpu_bundle_exposes_the_install_the_script_calls() -> None:
 )
 def test_visible_device_ids(value: str | None, count: int, expected: tuple[str, ...]) -> None:
     """Engines are pinned by the entries of the operator's CUDA_VISIBLE_DEVICES, not by index."""
-    assert gpu_check.visible_device_ids(value, count) == expected
+    assert visible_device_ids(value, count) == expected
 
 
 # --------------------------------------------------------------------------- the counter rule
@@ -391,8 +398,8 @@ def test_exchange_latency_covers_only_the_timed_runs() -> None:
     """The mean round trip between two stats readings, not since start-up."""
     before = {"exchanges": 10, "mean_round_trip_s": 1.0}
     after = {"exchanges": 30, "mean_round_trip_s": 2.0}
-    assert gpu_check._exchange_latency(before, after) == pytest.approx(2.5)
-    assert gpu_check._exchange_latency(after, after) is None
+    assert exchange_latency(before, after) == pytest.approx(2.5)
+    assert exchange_latency(after, after) is None
 
 
 # --------------------------------------------------------------------------- check, report, JSON
@@ -482,10 +489,10 @@ def test_skip_nccl_and_unselected_modes_are_reported_as_such() -> None:
     assert report.nccl.reason == "--skip-nccl"
 
 
-def test_one_failed_run_makes_exit_1_and_is_shown() -> None:
-    """A failed check anywhere is exit 1; the table marks it and prints the problem."""
+def test_one_failed_run_makes_exit_2_and_is_shown() -> None:
+    """A failed check anywhere is exit 2 (block); the table marks it and prints the problem."""
     report = _check(ONE_GPU, FakeRunner(failing=("full-decode-only", Gate.FFN)))
-    assert report.exit_code() == 1
+    assert report.exit_code() == 2
     assert "5 passed; 1 failed" in report.summary()
     text = gpu_check.render(report)
     assert "FAIL" in text and "ffn: graph_replays=0 in mode full-decode-only" in text
@@ -510,7 +517,7 @@ def test_report_shows_the_runner_cost_or_why_it_is_missing() -> None:
     native = _native()
     measured = _afd(runner_cost={"seconds": 0.0125, "allocated_bytes": 3 * 2**20})
     failed = _afd(runner_cost={"error": "RuntimeError: boom"})
-    lines = gpu_check._table(
+    lines = gpu_check.table(
         EAGER,
         [
             gpu_check.evaluate_pair(EAGER, Gate.ATTENTION, gpu_check.LOOPBACK, measured, native),
@@ -529,7 +536,7 @@ def test_json_report_shape(tmp_path: Path) -> None:
     """The JSON has the date, versions, device, a result per run and no result for DBO."""
     report = _check(ONE_GPU, FakeRunner(failing=("full-decode-only", Gate.ATTENTION)), tmp=tmp_path)
     path = tmp_path / "out" / "report.json"
-    gpu_check.write_json(report, path)
+    write_json(report.as_dict(), path)
     data = json.loads(path.read_text())
     assert data["format"] == "afd-gpu-check/1"
     assert data["date"].endswith("+00:00")
@@ -554,7 +561,7 @@ def test_json_report_shape(tmp_path: Path) -> None:
     assert runs[1]["ratio"] == pytest.approx(0.5)
     assert modes["eager"]["engine_args"]["enforce_eager"] is True
     assert data["nccl"]["status"] == "skipped" and data["nccl"]["runs"] == []
-    assert (data["passed"], data["failed"], data["exit_code"]) == (5, 1, 1)
+    assert (data["passed"], data["failed"], data["exit_code"]) == (5, 1, 2)
 
 
 # --------------------------------------------------------------------------- processes, with fakes
@@ -641,8 +648,8 @@ def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
 def test_probe_refuses_a_host_that_cannot_run_the_check(
     fake_env: dict[str, str], tmp_path: Path, changes: dict[str, str], expected: str
 ) -> None:
-    """No CUDA device, no importable vLLM, another vLLM: a usage error (exit 2) saying which."""
-    with pytest.raises(gpu_check.UsageError) as caught:
+    """No CUDA device, no importable vLLM, another vLLM: a usage error (exit 3) saying which."""
+    with pytest.raises(UsageError) as caught:
         gpu_check.probe({**fake_env, **changes}, tmp_path)
     assert expected in str(caught.value)
 
@@ -658,7 +665,7 @@ def test_an_engine_that_fails_is_a_failed_result_with_its_log(
     setup = _setup(tmp_path, {**fake_env, "FAKE_VLLM": "raise"}, 60)
     result = gpu_check.run_native(EAGER, setup)
     assert not result.ok
-    assert "exited with 1" in result.error
+    assert "exited with 3" in result.error
     assert "RuntimeError: fake vLLM refuses to start" in result.error
     pair = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.LOOPBACK, _afd(), result)
     assert not pair.passed and "the native engine failed" in pair.problems[0]
@@ -677,13 +684,14 @@ def test_an_engine_past_its_timeout_is_killed_with_what_it_started(
 
 def test_engine_spec_is_what_the_engine_process_reads(tmp_path: Path) -> None:
     """The AFD run's spec carries the mode's, the common and the AFD engine arguments."""
-    engine = gpu_check._Engine(
-        gpu_check.EngineSpec(
+    engine = EngineProcess(
+        EngineSpec(
             "afd-x",
             "/m",
-            gpu_check._llm_args(FULL, gpu_check.ATTENTION_WORKER, {"role": "attention"}),
+            gpu_check.llm_args(FULL, gpu_check.ATTENTION_WORKER, {"role": "attention"}),
         ),
         tmp_path,
+        CHILDREN,
     )
     data = json.loads(engine.spec_path.read_text())
     assert data["result_path"] == str(tmp_path / "afd-x.result.json")
@@ -719,10 +727,10 @@ def test_worker_classes_look_through_vllms_worker_wrapper() -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(self.worker, name)
 
-    assert gpu_check._worker_classes(WorkerWrapperBase()) == "Worker/Runner"
+    assert worker_classes(WorkerWrapperBase()) == "Worker/Runner"
 
 
-@pytest.mark.parametrize(("failing", "exit_code"), [(None, 0), (("full-decode-only", Gate.FFN), 1)])
+@pytest.mark.parametrize(("failing", "exit_code"), [(None, 0), (("full-decode-only", Gate.FFN), 2)])
 def test_main_prints_and_writes_the_report_and_exits_with_its_verdict(
     failing: tuple[str, Gate] | None,
     exit_code: int,

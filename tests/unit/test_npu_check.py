@@ -1,4 +1,4 @@
-"""The NPU install check (tools/npu_check.py): arguments, host requirements, verdicts, report,
+"""The NPU install check (tools.npu_check): arguments, host requirements, verdicts, report,
 exit codes, and its processes with fake ``torch``/``torch_npu``/``vllm``/``vllm_ascend`` packages;
 no NPU needed."""
 
@@ -22,13 +22,15 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import npu_check
-from gpu_check import EngineResult
-from npu_check import CheckResult, Host, HostInfo, Setup
+from tools import npu_check
+from tools.harness.cli import UsageError
+from tools.harness.processes import REPO_ROOT
+from tools.harness.results import MAX_TOKENS, PROMPTS, EngineResult
+from tools.npu_check import CheckResult, Host, HostInfo, Setup
 
-SCRIPT = Path(npu_check.__file__)
-TOKENS = tuple(tuple(range(i, i + npu_check.MAX_TOKENS)) for i in range(len(npu_check.PROMPTS)))
+#: the command as documented, run from the repository root
+COMMAND = [sys.executable, "-m", "tools.npu_check"]
+TOKENS = tuple(tuple(range(i, i + MAX_TOKENS)) for i in range(len(PROMPTS)))
 HOST = HostInfo(
     "3.11.9",
     "2.10.0",
@@ -93,20 +95,20 @@ def _main(argv: list[str], capsys: pytest.CaptureFixture[str], host: Host) -> tu
 
 
 def test_help_exits_0_and_imports_only_the_standard_library(tmp_path: Path) -> None:
-    """``--help`` works as a script, names the options and the VLLM_PLUGINS to set, and imports
+    """``--help`` works as a command, names the options and the VLLM_PLUGINS to set, and imports
     neither torch nor vLLM nor afd_models (``-X importtime`` lists every module imported)."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", str(SCRIPT), "--help"],
+        [sys.executable, "-X", "importtime", *COMMAND[1:], "--help"],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=tmp_path,
+        cwd=REPO_ROOT,
     )
     assert result.returncode == 0, result.stderr
     for text in ("--json", "--work-dir", "--engine-timeout", "VLLM_PLUGINS=afd_npu,afd_models,"):
         assert text in result.stdout.replace("\n", "")
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
-    assert {"argparse", "gpu_check"} <= imported  # the listing is real
+    assert {"argparse", "tools.harness.processes"} <= imported  # the listing is real
     heavy = {name for name in imported if name.split(".")[0] in {"torch", "vllm", "afd_models"}}
     assert heavy == set()
 
@@ -114,16 +116,17 @@ def test_help_exits_0_and_imports_only_the_standard_library(tmp_path: Path) -> N
 @pytest.mark.skipif(
     importlib.util.find_spec("torch_npu") is not None, reason="this host has torch_npu"
 )
-def test_this_host_cannot_run_it_exit_2_saying_what_to_install(tmp_path: Path) -> None:
-    """Here (no torch_npu, no vLLM-Ascend) the script exits 2 before starting anything, naming
+def test_this_host_cannot_run_it_exit_3_saying_what_to_install(tmp_path: Path) -> None:
+    """Here (no torch_npu, no vLLM-Ascend) the check exits 3 before starting anything, naming
     what is missing and what to install."""
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--work-dir", str(tmp_path / "work")],
+        [*COMMAND, "--work-dir", str(tmp_path / "work")],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=REPO_ROOT,
     )
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 3, result.stderr
     assert "torch_npu" in result.stderr and "not importable" in result.stderr
     assert 'pip install -e ".[npu,codegen]"' in result.stderr and "CANN" in result.stderr
     assert not (tmp_path / "work").exists()
@@ -138,18 +141,18 @@ def test_this_host_cannot_run_it_exit_2_saying_what_to_install(tmp_path: Path) -
     ],
     ids=["zero-timeout", "nan-timeout", "json-directory"],
 )
-def test_bad_arguments_exit_2_before_anything_runs(
+def test_bad_arguments_exit_3_before_anything_runs(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = _main(argv, capsys, UNREACHABLE)
-    assert code == 2
+    assert code == 3
     assert expected in err
 
 
-def test_unknown_option_exits_2() -> None:
+def test_unknown_option_exits_3() -> None:
     with pytest.raises(SystemExit) as caught:
         npu_check.main(["--only", "parity"], UNREACHABLE)
-    assert caught.value.code == 2
+    assert caught.value.code == 3
 
 
 @pytest.mark.parametrize(
@@ -176,12 +179,12 @@ def test_unknown_option_exits_2() -> None:
     ],
     ids=["no-npu-stack", "no-vllm-ascend", "no-entry-point", "plugins-unset"],
 )
-def test_a_host_that_cannot_run_it_exits_2_saying_what_is_missing(
+def test_a_host_that_cannot_run_it_exits_3_saying_what_is_missing(
     host: Host, expected: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Checked in order, before the probe: the NPU stack, the entry point, VLLM_PLUGINS."""
     code, _, err = _main([], capsys, host)
-    assert code == 2
+    assert code == 3
     for text in expected:
         assert text in err
 
@@ -214,7 +217,7 @@ def test_vllm_plugins_rule(value: str | None, expected: str | None) -> None:
 
 def test_the_environment_puts_the_repo_first_and_runs_the_v1_runner() -> None:
     env = npu_check.resolve_env(READY)
-    assert env["PYTHONPATH"].split(":") == [str(npu_check.REPO_ROOT), "/elsewhere"]
+    assert env["PYTHONPATH"].split(":") == [str(REPO_ROOT), "/elsewhere"]
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["VLLM_PLUGINS"] == npu_check.AFD_PLUGINS
@@ -247,7 +250,7 @@ def test_the_native_engine_runs_vllm_ascend_as_shipped() -> None:
     ids=["no-npu", "other-vllm", "other-vllm-ascend", "stale", "no-worker", "ascend-platform"],
 )
 def test_probe_findings_that_refuse_the_host(changes: dict[str, Any], expected: str) -> None:
-    with pytest.raises(npu_check.UsageError) as caught:
+    with pytest.raises(UsageError) as caught:
         npu_check.host_info({**GOOD_PROBE, **changes}, None)
     assert expected in str(caught.value)
 
@@ -358,8 +361,8 @@ def _ready(runner: FakeRunner) -> Host:
     ("runner", "exit_code", "summary"),
     [
         (FakeRunner(), 0, "npu_check: 2 passed, 0 failed; exit 0"),
-        (FakeRunner(origin=("RT005 block S: m",)), 1, "npu_check: 1 passed, 1 failed; exit 1"),
-        (FakeRunner(parity=("greedy tokens differ",)), 1, "npu_check: 1 passed, 1 failed; exit 1"),
+        (FakeRunner(origin=("RT005 block S: m",)), 2, "npu_check: 1 passed, 1 failed; exit 2"),
+        (FakeRunner(parity=("greedy tokens differ",)), 2, "npu_check: 1 passed, 1 failed; exit 2"),
     ],
     ids=["passed", "origin-failed", "parity-failed"],
 )
@@ -378,7 +381,7 @@ def test_main_runs_both_checks_prints_and_writes_the_report(
     assert out.splitlines()[-1] == summary
     for problem in (*runner.origin, *runner.parity):
         assert f"  {problem}" in out
-    assert out.count("FAIL") == (exit_code == 1) and "findings: 0 block, 0 review" in out
+    assert out.count("FAIL") == (exit_code == 2) and "findings: 0 block, 0 review" in out
     data = json.loads(path.read_text())
     assert data["format"] == "afd-npu-check/1" and data["exit_code"] == exit_code
     assert data["host"]["vllm_ascend"] == "0.26.0rc1" and data["host"]["devices"] == ["Ascend910B3"]
@@ -390,7 +393,7 @@ def test_main_runs_both_checks_prints_and_writes_the_report(
 
 
 def test_a_crash_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An exception in the script itself is exit 3 with its traceback, never 0 or 1."""
+    """An exception in the check itself is exit 3 with its traceback, never 0 or 2."""
 
     def crash(*args: Any) -> Setup:
         raise RuntimeError("a bug in the check")
@@ -398,7 +401,8 @@ def test_a_crash_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     host = dataclasses.replace(READY, prepare=crash)
     code, _, err = _main(["--work-dir", str(tmp_path)], capsys, host)
     assert code == 3
-    assert "RuntimeError: a bug in the check" in err and "npu_check.py: internal error" in err
+    assert "RuntimeError: a bug in the check" in err
+    assert "python -m tools.npu_check: internal error" in err
 
 
 # --------------------------------------------------------------------------- processes, with fakes
@@ -530,7 +534,7 @@ def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
 def test_probe_refuses_a_host_that_cannot_run_the_check(
     fake_env: dict[str, str], tmp_path: Path, changes: dict[str, str], expected: str
 ) -> None:
-    with pytest.raises(npu_check.UsageError) as caught:
+    with pytest.raises(UsageError) as caught:
         npu_check.probe({**fake_env, **changes}, tmp_path)
     assert expected in str(caught.value)
 
@@ -569,7 +573,7 @@ def test_an_afd_engine_on_vllm_ascends_platform_refuses_to_run(
     env = {**fake_env, "VLLM_PLUGINS": npu_check.NATIVE_PLUGINS}
     result = npu_check.run_parity(_setup(tmp_path, env))
     assert not result.passed
-    assert "the AFD engine failed: exited with 1" in result.problems[0]
+    assert "the AFD engine failed: exited with 3" in result.problems[0]
     assert "this run needs AFD's subclass of vllm_ascend.platform.NPUPlatform" in result.problems[0]
 
 
@@ -706,15 +710,15 @@ def test_the_doc_launches_2a1f_with_camp2p_on_npu() -> None:
 
 
 def test_the_doc_runs_the_check_and_its_nox_session() -> None:
-    """The check block runs the script; the nox block a session of noxfile.py that runs it with
+    """The check block runs the command; the nox block a session of noxfile.py that runs it with
     nox's own interpreter and passes the arguments through."""
     blocks = recipe_blocks()
-    assert "\npython tools/npu_check.py --json " in blocks["check"]
+    assert "\npython -m tools.npu_check --json " in blocks["check"]
     assert "python -m nox -s npu-check -- --json " in blocks["nox_check"]
     noxfile = (ROOT / "noxfile.py").read_text()
     session = noxfile[noxfile.index('@nox.session(name="npu-check"') :]
     assert 'venv_backend="none", default=False' in session.splitlines()[0]
-    assert 'session.run(sys.executable, "tools/npu_check.py", *session.posargs' in session
+    assert 'session.run(sys.executable, "-m", "tools.npu_check", *session.posargs' in session
 
 
 def test_the_user_guide_links_the_npu_recipe() -> None:

@@ -1,4 +1,4 @@
-"""Exact signatures: every difference kind, declared deltas exact / inexact / unused (codegen.checks.signatures)."""
+"""Exact signatures: every difference kind, declared deltas exact / inexact / unused (codegen.signatures)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import ast
 
 import pytest
 
-from codegen.checks.signatures import check_signature, differences
 from codegen.findings import Location
 from codegen.markers import Delta, delta
 from codegen.model import Signature
+from codegen.signatures import check_signature, differences
 
 
 def sig(source: str) -> Signature:

@@ -1,12 +1,16 @@
-"""afd_models.verify without running vLLM: config validation, shrinking, the comparison."""
+"""afd_models.cli.verify without running vLLM: config validation, shrinking, the comparison."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from afd_models.testing.tiny_models import VARIANTS, tiny_config
-from afd_models.verify import VerifyError, compare, parameter_estimate, shrink, validate
+from afd_models.cli.tiny_models import VARIANTS, tiny_config
+from afd_models.cli.verify.capture import Capture
+from afd_models.cli.verify.compare import compare
+from afd_models.cli.verify.errors import VerifyError
+from afd_models.cli.verify.shrink import shrink
+from afd_models.cli.verify.validate import parameter_estimate, validate
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -176,20 +180,18 @@ def test_shrink_keeps_structure() -> None:
     assert small["n_routed_experts"] % small["n_group"] == 0 and small["num_hidden_layers"] == 5
 
 
-def _run(values: list[float], tokens: list[int]) -> dict:
-    return {
-        "calls": [{0: (torch.tensor(values), torch.tensor(values))}],
-        "tokens": [tokens],
-        "params": {},
-    }
+def _run(values: list[float], tokens: list[int]) -> Capture:
+    return Capture(
+        calls=[{0: (torch.tensor(values), torch.tensor(values))}], tokens=[tokens], params={}
+    )
 
 
 def test_compare_reports_differences() -> None:
     """Identical runs compare to zero; a perturbed layer shows its absolute and relative difference."""
     same = compare(_run([1.0, 2.0], [5]), _run([1.0, 2.0], [5]))
-    assert same["max_abs"] == 0.0 and same["tokens_equal"]
+    assert same.max_abs == 0.0 and same.tokens_equal
     off = compare(_run([1.0, 2.0], [5]), _run([1.0, 2.5], [6]))
-    assert off["max_abs"] == pytest.approx(0.5) and off["max_rel"] == pytest.approx(0.25)
-    assert not off["tokens_equal"]
+    assert off.max_abs == pytest.approx(0.5) and off.max_rel == pytest.approx(0.25)
+    assert not off.tokens_equal
     with pytest.raises(VerifyError, match="forward passes"):
-        compare(_run([1.0], [1]), {"calls": [], "tokens": [], "params": {}})
+        compare(_run([1.0], [1]), Capture(calls=[], tokens=[], params={}))

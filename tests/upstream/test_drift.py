@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.mutations import OPERATORS, Mutator
+from benchmarks.mutations import run as run_mutations
 from codegen.cli import main
-from codegen.drift_cli import UnknownPackage, drift_markdown, run_drift
+from codegen.drift.run import UnknownPackage, drift_markdown, run_drift
 from codegen.findings import summary
-from codegen.mutations import OPERATORS, Mutator
-from codegen.mutations import run as run_mutations
 from codegen.pipeline import generate, open_context
 
 from .conftest import REPO
@@ -187,10 +187,11 @@ def test_package_choice_moves_only_that_package() -> None:
 def test_unknown_package_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A package pins.toml does not declare: exit 2 before any source is looked up (the version
-    does not exist: looking it up would be exit 3), naming the value and the allowed packages."""
+    """A package pins.toml does not declare: a usage error, exit 3, before any source is looked
+    up (the version does not exist: looking it up would fail otherwise), naming the value and the
+    allowed packages."""
     out = tmp_path / "x.md"
-    assert main(["drift", "--package", "vllm-ascend", "--to", "0.0.0-none", "--out", str(out)]) == 2
+    assert main(["drift", "--package", "vllm-ascend", "--to", "0.0.0-none", "--out", str(out)]) == 3
     error = capsys.readouterr().err
     assert "--package 'vllm-ascend' is not pinned" in error
     assert "allowed: vllm, vllm_ascend" in error and not out.exists()

@@ -19,7 +19,7 @@ from vllm_ascend.quantization.methods.w8a8_dynamic import (  # noqa: F401 (edit 
 )
 from vllm_ascend.quantization.modelslim_config import AscendModelSlimConfig
 
-from afd_models.generated import generated_subclass  # noqa: F401 (edit code)
+from afd_models.generated_classes import generated_subclass  # noqa: F401 (edit code)
 from codegen.markers import fork, insert_after, subclass
 
 

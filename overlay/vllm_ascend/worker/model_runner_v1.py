@@ -16,7 +16,7 @@ from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
 from afd_models.ffn_server import FFNServer
-from afd_models.generated import generated_subclass
+from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import load_attention, load_ffn, start_ffn_server, stop_role
 from codegen.markers import extend, override, subclass
 

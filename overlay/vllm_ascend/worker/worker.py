@@ -19,9 +19,8 @@ from vllm_ascend.worker.model_runner_v1 import NPUModelRunner  # noqa: F401 (edi
 from vllm_ascend.worker.worker import NPUWorker
 
 from afd_models.config import Role
-from afd_models.engine import prepare_worker_config
 from afd_models.force_load_balance import with_balanced_moe
-from afd_models.generated import generated_subclass  # noqa: F401 (edit code)
+from afd_models.generated_classes import generated_subclass  # noqa: F401 (edit code)
 from afd_models.platforms import require_afd_npu_platform
 from afd_models.runner_roles import (
     ffn_counters,
@@ -31,6 +30,7 @@ from afd_models.runner_roles import (
     refuse_sampling,
     serve_from_config,
 )
+from afd_models.worker_config import prepare_worker_config
 from codegen.markers import delta, extend, fork, override, replace, subclass
 
 RUNS_NOTHING = delta(

@@ -26,7 +26,7 @@ from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 from afd_models.connectors.base import AFDPeerLostError
 from afd_models.dbo import split_single_rank
 from afd_models.ffn_server import FFNServer
-from afd_models.generated import generated_subclass
+from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import (
     fail_lost_step,
     forward_across_restarts,
@@ -57,7 +57,7 @@ LOAD_SPANS = (
 
 
 @subclass(bases=RUNNER_BASES, name="AFDAttention{base}")
-class AFDAttentionModelRunner(CPUModelRunner):
+class AFDAttentionCPUModelRunner(CPUModelRunner):
     """vLLM's runner with the AFD Attention model and its connector."""
 
     @override(deltas=LOAD_SPANS)
@@ -190,7 +190,7 @@ class AFDAttentionModelRunner(CPUModelRunner):
 
 
 @subclass(bases=RUNNER_BASES, name="AFDFFN{base}")
-class AFDFFNModelRunner(CPUModelRunner):
+class AFDFFNCPUModelRunner(CPUModelRunner):
     """vLLM's runner loading the FFN half of the model; it serves steps instead of batches."""
 
     @override(deltas=LOAD_SPANS)

@@ -18,8 +18,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from afd_models.config import Role
-from afd_models.engine import prepare_worker_config
-from afd_models.generated import generated_subclass
+from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import (
     ffn_counters,
     ffn_recent_steps,
@@ -28,6 +27,7 @@ from afd_models.runner_roles import (
     refuse_sampling,
     serve_from_config,
 )
+from afd_models.worker_config import prepare_worker_config
 from codegen.markers import delta, extend, override, subclass
 
 WORKER_BASES = ("CPUWorker", "vllm.v1.worker.gpu_worker:Worker")
@@ -47,7 +47,7 @@ RUNS_NOTHING = delta(
 
 
 @subclass(bases=WORKER_BASES, name="AFDAttention{base}")
-class AFDAttentionWorker(CPUWorker):
+class AFDAttentionCPUWorker(CPUWorker):
     """The Attention role: vLLM's worker serving requests with the AFD Attention model."""
 
     @override
@@ -68,7 +68,7 @@ class AFDAttentionWorker(CPUWorker):
     def init_device(self):
         super().init_device()
         # vLLM hard-codes its runner in init_device; use the AFD runner generated for that class.
-        runner = generated_subclass("AFDAttentionModelRunner", type(self.model_runner))
+        runner = generated_subclass("AFDAttentionCPUModelRunner", type(self.model_runner))
         self.model_runner = runner(self.vllm_config, self.device)
 
     @extend
@@ -83,7 +83,7 @@ class AFDAttentionWorker(CPUWorker):
 
 
 @subclass(bases=WORKER_BASES, name="AFDFFN{base}")
-class AFDFFNWorker(CPUWorker):
+class AFDFFNCPUWorker(CPUWorker):
     """The FFN role: holds the experts, no KV cache, serves the Attention role's steps."""
 
     @override
@@ -106,7 +106,7 @@ class AFDFFNWorker(CPUWorker):
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
         super().init_device()
-        runner = generated_subclass("AFDFFNModelRunner", type(self.model_runner))
+        runner = generated_subclass("AFDFFNCPUModelRunner", type(self.model_runner))
         self.model_runner = runner(self.vllm_config, self.device)
 
     @override

@@ -19,7 +19,7 @@ import contextlib
 from vllm.config import VllmConfig
 from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
-from afd_models.generated import generated_subclass
+from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, split_step  # noqa: F401 (edit code)
 from codegen.markers import extend, fork, override, subclass, wrap
 

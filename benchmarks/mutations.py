@@ -1,0 +1,629 @@
+"""Mutation testing of the drift checker against the real pinned upstream.
+
+    python benchmarks/mutations.py [--count N] [--seed S] [--json OUT]
+
+Each mutation is one random single edit to a copy of the pinned vLLM source. A mutation of a
+symbol the lock records counts as detected only when drift reports the finding code that names
+the break; other findings do not count:
+
+==================  ==========================================================================
+rename_param        DRF012 (DRF022 for a method AFD's code only calls: :func:`_signature_code`)
+change_default      DRF015 (idem)
+drop_param          DRF011 (idem)
+change_body         by the method's role (:func:`_body_code`): a fork DRF032 (DRF030 when the
+                    new line splits anchored statements), an overridden method DRF020, an
+                    inherited or relied-on one DRF021
+delete_anchor       DRF030
+duplicate_anchor    DRF031
+break_contract      DRF070 (DRF071 when the contract still holds in another of its places)
+shadow_extend       DRF040
+change_base         DRF041
+==================  ==========================================================================
+
+The signature and body operators also edit functions and methods that the lock does not record,
+in the upstream files it tracks; those must get no finding at all. The score is the share of
+mutations that got the expected answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codegen.drift.contracts import relied_ref
+from codegen.drift.run import run_drift
+from codegen.drift.symbols import is_callee
+from codegen.pattern import parse_pattern
+from codegen.pipeline import Context, generate, open_context
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One single edit to one upstream file."""
+
+    #: operator name, e.g. ``rename_param``
+    operator: str
+    #: the symbol mutated (``module:Class.member``, ``...#edit-id`` for anchors and contracts)
+    symbol: str
+    #: file relative to the source root
+    path: str
+    #: the finding code drift must report; None for a symbol the lock does not record (then
+    #: drift must report nothing at all)
+    expected: str | None
+    #: 1-based line range replaced (``stop == start - 1`` inserts before ``start``), and the new lines
+    start: int
+    stop: int
+    lines: tuple[str, ...]
+
+    @property
+    def used(self) -> bool:
+        """Whether the lock records the symbol."""
+        return self.expected is not None
+
+    def apply(self, text: str) -> str:
+        lines = text.splitlines()
+        lines[self.start - 1 : self.stop] = list(self.lines)
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    mutation: Mutation
+    codes: tuple[str, ...]
+
+    @property
+    def correct(self) -> bool:
+        if self.mutation.expected is None:
+            return not self.codes
+        return self.mutation.expected in self.codes
+
+
+def _function(source: str, line: int) -> Function:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, Function) and node.lineno == line:
+            return node
+    raise LookupError(f"no function at line {line}")
+
+
+def _indent(text: str) -> str:
+    return text[: len(text) - len(text.lstrip())]
+
+
+def _first_line(node: ast.stmt) -> int:
+    """The first line of a statement, its decorators included."""
+    decorators: list[ast.expr] = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])
+
+
+def _body(node: Function) -> list[ast.stmt]:
+    """The statements of a body, its docstring left out."""
+    first = node.body[0]
+    docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    return node.body[1:] if docstring else node.body
+
+
+def _statements_at(tree: ast.AST, line: int, count: int) -> tuple[int, int] | None:
+    """First and last line of ``count`` consecutive statements of one block, the first being the
+    innermost statement that contains ``line``; None if its block has fewer."""
+    containing = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, statement in enumerate(block):
+                if isinstance(statement, ast.stmt) and (
+                    _first_line(statement) <= line <= (statement.end_lineno or 0)
+                ):
+                    containing.append(
+                        (_first_line(statement), -(statement.end_lineno or 0), block, i)
+                    )
+    if not containing:
+        return None
+    # the innermost statement containing the line starts last (and, on a tie, ends first)
+    start, _, block, i = max(containing, key=lambda found: found[:2])
+    if i + count > len(block):
+        return None
+    return start, block[i + count - 1].end_lineno or 0
+
+
+def _statement_count(pattern: str) -> int:
+    """How many consecutive statements an anchor or contract matches (an expression: the one
+    statement it is in). A ``$...`` run in the middle counts as one statement."""
+    parsed = parse_pattern(pattern)
+    return 1 if parsed.is_expression else len(parsed.statements)
+
+
+def _module(path: str) -> str:
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def _body_code(roles: set[str]) -> str:
+    """What drift must report when a method's body changes, by the method's roles in the lock:
+    a fork is re-based (DRF032; a lost anchor, DRF030, when the change splits the statements an
+    edit anchors on); an overridden or otherwise used method reports the body (DRF020); a method
+    we inherit, relied on or not, reports an inherited body (DRF021)."""
+    if "fork" in roles:
+        return "DRF032"
+    if roles & {"override", "override_attr"}:
+        return "DRF020"
+    if roles & {"relied_on", "inherited"}:
+        return "DRF021"
+    return "DRF020"
+
+
+def _in_vllm(symbol: dict[str, Any]) -> bool:
+    """Whether a symbol the lock records lives in vLLM's source, the tree mutations change (what
+    the lock records of the other pinned packages, vLLM-Ascend's, is left out)."""
+    return str(symbol.get("file", "")).startswith("vllm/")
+
+
+def _signature_code(roles: set[str], code: str) -> str:
+    """What drift must report when a recorded method's signature changes: ``code``, or, for a
+    method AFD's code only calls, the callee finding DRF022 that names the call sites."""
+    return "DRF022" if is_callee(roles) else code
+
+
+class Mutator:
+    """Builds mutations from the lock's symbols and from the unrecorded functions and methods of
+    the upstream files the lock tracks."""
+
+    def __init__(self, context: Context, lock: dict[str, Any], rng: random.Random):
+        self.root: Path = context.sources["vllm"].root
+        self.lock = lock
+        self.rng = rng
+        self._texts: dict[str, str] = {}
+        #: recorded methods grouped by their roles, so that rare roles (forks) get drawn too
+        self.recorded: dict[str, list[str]] = {}
+        for key, entry in sorted(lock["symbols"].items()):
+            if entry.get("kind") == "method" and _in_vllm(entry):
+                self.recorded.setdefault(" ".join(sorted(entry["roles"])), []).append(key)
+        self.unrecorded = list(self._unrecorded())
+
+    def text(self, path: str) -> str:
+        if path not in self._texts:
+            self._texts[path] = (self.root / path).read_text()
+        return self._texts[path]
+
+    def _lines(self, path: str) -> list[str]:
+        return self.text(path).splitlines()
+
+    def _unrecorded(self) -> Iterator[tuple[str, str, Function]]:
+        """Module functions and methods of module classes, in the files the lock tracks, that the
+        lock does not record in any role."""
+        for path in sorted(self.lock["upstream"]["vllm"]["files"]):
+            module = _module(path)
+            for node in ast.parse(self.text(path)).body:
+                functions = [(node.name, node)] if isinstance(node, Function) else []
+                if isinstance(node, ast.ClassDef):
+                    functions = [
+                        (f"{node.name}.{child.name}", child)
+                        for child in node.body
+                        if isinstance(child, Function)
+                    ]
+                for qualname, function in functions:
+                    if f"{module}:{qualname}" not in self.lock["symbols"]:
+                        yield f"{module}:{qualname}", path, function
+
+    def _method(self, used: bool) -> tuple[str, str, Function, set[str]]:
+        """A method the lock records (key, file, node, roles), or an unrecorded one (no roles)."""
+        if not used:
+            key, path, node = self.rng.choice(self.unrecorded)
+            return key, path, node, set()
+        key = self.rng.choice(self.recorded[self.rng.choice(sorted(self.recorded))])
+        entry = self.lock["symbols"][key]
+        return (
+            key,
+            entry["file"],
+            _function(self.text(entry["file"]), entry["line"]),
+            set(entry["roles"]),
+        )
+
+    def make(self, operator: str, used: bool = True) -> Mutation | None:
+        """One mutation by ``operator``, or None where the drawn symbol does not suit it."""
+        build: Callable[[bool], Mutation | None] = getattr(self, f"_{operator}")
+        return build(used)
+
+    def draw(self, operator: str, used: bool, tries: int = 20) -> Mutation | None:
+        """A mutation by ``operator`` that leaves the file valid Python, within ``tries`` draws."""
+        for _ in range(tries):
+            mutation = self.make(operator, used)
+            if mutation is None:
+                continue
+            try:
+                ast.parse(mutation.apply(self.text(mutation.path)))
+            except SyntaxError:
+                continue
+            return mutation
+        return None
+
+    # --- signature operators --------------------------------------------------------
+
+    def _replace(
+        self,
+        operator: str,
+        key: str,
+        path: str,
+        expected: str | None,
+        node: ast.arg | ast.expr,
+        width: int,
+        new: str,
+    ) -> Mutation:
+        """Replace the ``width`` bytes of source where ``node`` starts with ``new``."""
+        text = self._lines(path)[node.lineno - 1]
+        encoded = text.encode()  # ast columns are UTF-8 byte offsets
+        start = len(encoded[: node.col_offset].decode())
+        stop = len(encoded[: node.col_offset + width].decode())
+        return Mutation(
+            operator,
+            key,
+            path,
+            expected,
+            node.lineno,
+            node.lineno,
+            (text[:start] + new + text[stop:],),
+        )
+
+    @staticmethod
+    def _params(node: Function) -> list[ast.arg]:
+        """Positional and keyword-only parameters, ``self`` / ``cls`` left out."""
+        positional = node.args.posonlyargs + node.args.args
+        if positional and positional[0].arg in ("self", "cls"):
+            positional = positional[1:]
+        return positional + node.args.kwonlyargs
+
+    def _rename_param(self, used: bool) -> Mutation | None:
+        """Append ``_renamed`` to one parameter's name."""
+        key, path, node, roles = self._method(used)
+        params = self._params(node)
+        if not params:
+            return None
+        param = self.rng.choice(params)
+        expected = _signature_code(roles, "DRF012") if used else None
+        width = len(param.arg.encode())
+        return self._replace(
+            "rename_param", key, path, expected, param, width, f"{param.arg}_renamed"
+        )
+
+    def _change_default(self, used: bool) -> Mutation | None:
+        """Change one constant default (``True`` to ``False``, a string, ``None`` to ``0``, ...)."""
+        key, path, node, roles = self._method(used)
+        defaults = [
+            d for d in [*node.args.defaults, *node.args.kw_defaults] if isinstance(d, ast.Constant)
+        ]
+        if not defaults:
+            return None
+        default = self.rng.choice(defaults)
+        if default.end_lineno != default.lineno:
+            return None
+        value = default.value
+        if isinstance(value, bool):
+            new = repr(not value)
+        elif isinstance(value, str):
+            new = repr(value + "_changed")
+        elif value is None:
+            new = "0"
+        else:
+            new = "None"
+        expected = _signature_code(roles, "DRF015") if used else None
+        width = (default.end_col_offset or 0) - default.col_offset
+        return self._replace("change_default", key, path, expected, default, width, new)
+
+    def _drop_param(self, used: bool) -> Mutation | None:
+        """Remove one parameter written on a line of its own."""
+        key, path, node, roles = self._method(used)
+        params = [p for p in self._params(node) if p.lineno != node.lineno]
+        if not params:
+            return None
+        param = self.rng.choice(params)
+        text = self._lines(path)[param.lineno - 1]
+        if text[: param.col_offset].strip() or any(
+            p is not param and p.lineno == param.lineno for p in params
+        ):
+            return None  # only a parameter alone on its line (draw() rejects one that runs on)
+        expected = _signature_code(roles, "DRF011") if used else None
+        return Mutation("drop_param", key, path, expected, param.lineno, param.lineno, ())
+
+    # --- body operators -------------------------------------------------------------
+
+    def _change_body(self, used: bool) -> Mutation | None:
+        """Insert an assignment before one statement of the body (not inside a block)."""
+        key, path, node, roles = self._method(used)
+        body = _body(node)
+        if not body:
+            return None
+        line = _first_line(self.rng.choice(body))
+        expected = _body_code(roles) if used else None
+        if expected == "DRF032" and self._splits_anchor(key, path, line):
+            expected = "DRF030"
+        text = self._lines(path)[line - 1]
+        new = (f"{_indent(text)}_afd_mutation = 1",)
+        return Mutation("change_body", key, path, expected, line, line - 1, new)
+
+    def _splits_anchor(self, key: str, path: str, line: int) -> bool:
+        """Whether a line inserted before ``line`` lands between the statements an edit of the
+        fork ``key`` anchors on: then the anchor no longer matches (a lost anchor, not a re-base)."""
+        tree = ast.parse(self.text(path))
+        for entry in self.lock["classes"].values():
+            for member in entry["members"].values():
+                if member.get("upstream") != key:
+                    continue
+                for anchor in member.get("anchors", {}).values():
+                    count = _statement_count(anchor["anchor"])
+                    for start in anchor["lines"]:
+                        span = _statements_at(tree, start, count)
+                        if span is not None and span[0] < line <= span[1]:
+                            return True
+        return False
+
+    def _delete_anchor(self, used: bool) -> Mutation | None:
+        """Replace the statement(s) an edit anchors on with ``pass``."""
+        found = self._anchored()
+        if found is None:
+            return None
+        symbol, path, start, stop = found
+        indent = _indent(self._lines(path)[start - 1])
+        return Mutation("delete_anchor", symbol, path, "DRF030", start, stop, (f"{indent}pass",))
+
+    def _duplicate_anchor(self, used: bool) -> Mutation | None:
+        """Repeat the statement(s) an edit anchors on."""
+        found = self._anchored()
+        if found is None:
+            return None
+        symbol, path, start, stop = found
+        block = tuple(self._lines(path)[start - 1 : stop])
+        return Mutation("duplicate_anchor", symbol, path, "DRF031", start, stop, block + block)
+
+    def _anchored(self) -> tuple[str, str, int, int] | None:
+        """A fork's anchor that matched once: its symbol, file and the lines of the statements it
+        matched (an expression anchor: the statement it is in)."""
+        anchors = []
+        for class_key, entry in self.lock["classes"].items():
+            for name, member in entry["members"].items():
+                for edit_id, anchor in member.get("anchors", {}).items():
+                    if len(anchor["lines"]) == 1 and member.get("upstream"):
+                        symbol = self.lock["symbols"][member["upstream"]]
+                        if not _in_vllm(symbol):
+                            continue
+                        anchors.append(
+                            (
+                                f"{class_key}.{name}#{edit_id}",
+                                symbol["file"],
+                                anchor["lines"][0],
+                                anchor["anchor"],
+                            )
+                        )
+        if not anchors:
+            return None
+        symbol, path, line, pattern = self.rng.choice(sorted(anchors))
+        span = _statements_at(ast.parse(self.text(path)), line, _statement_count(pattern))
+        return (symbol, path, *span) if span else None
+
+    def _break_contract(self, used: bool) -> Mutation | None:
+        """Replace the statement(s) where a relied-on method's contract matched with ``pass``."""
+        contracts = {}
+        for entry in self.lock["classes"].values():
+            for method, stated in (entry.get("relies_on") or {}).items():
+                key = relied_ref(entry, method)
+                if key is None or not _in_vllm(self.lock["symbols"][key]):
+                    continue
+                for contract_id, recorded in stated.items():
+                    if recorded.get("lines"):
+                        contracts[f"{key}#{contract_id}"] = (key, recorded)
+        if not contracts:
+            return None
+        symbol = self.rng.choice(sorted(contracts))
+        key, recorded = contracts[symbol]
+        path = self.lock["symbols"][key]["file"]
+        line = self.rng.choice(recorded["lines"])
+        span = _statements_at(
+            ast.parse(self.text(path)), line, _statement_count(recorded["pattern"])
+        )
+        if span is None:
+            return None
+        start, stop = span
+        # a contract declared to hold in several places still holds in the others
+        elsewhere = any(not start <= other <= stop for other in recorded["lines"])
+        expected = "DRF071" if elsewhere else "DRF070"
+        indent = _indent(self._lines(path)[start - 1])
+        return Mutation("break_contract", symbol, path, expected, start, stop, (f"{indent}pass",))
+
+    # --- class operators ------------------------------------------------------------
+
+    def _shadow_extend(self, used: bool) -> Mutation | None:
+        """Define a method named like one of our ``extend``s in the upstream base class."""
+        extends = []
+        for entry in self.lock["classes"].values():
+            for name, member in entry["members"].items():
+                if member["kind"] == "extend" and _in_vllm(self.lock["symbols"][entry["base"]]):
+                    extends.append((entry["base"], name))
+        if not extends:
+            return None
+        base, name = self.rng.choice(sorted(extends))
+        symbol = self.lock["symbols"][base]
+        node = self._class(symbol["file"], symbol["line"])
+        line = _first_line(node.body[0])
+        indent = _indent(self._lines(symbol["file"])[node.body[0].lineno - 1])
+        method = (f"{indent}def {name}(self):", f"{indent}    return None", "")
+        return Mutation(
+            "shadow_extend", f"{base}.{name}", symbol["file"], "DRF040", line, line - 1, method
+        )
+
+    def _change_base(self, used: bool) -> Mutation | None:
+        """Replace the bases of an upstream class we derive from with ``object``."""
+        bases = sorted(
+            k
+            for k, v in self.lock["symbols"].items()
+            if v.get("kind") == "class"
+            and "base" in v.get("roles", [])
+            and v.get("bases")
+            and _in_vllm(v)
+        )
+        if not bases:
+            return None
+        key = self.rng.choice(bases)
+        entry = self.lock["symbols"][key]
+        node = self._class(entry["file"], entry["line"])
+        start, stop = node.lineno, _first_line(node.body[0]) - 1
+        if stop < start:
+            return None  # a one-line class
+        indent = _indent(self._lines(entry["file"])[start - 1])
+        header = (f"{indent}class {node.name}(object):",)
+        return Mutation("change_base", key, entry["file"], "DRF041", start, stop, header)
+
+    def _class(self, path: str, line: int) -> ast.ClassDef:
+        for node in ast.walk(ast.parse(self.text(path))):
+            if isinstance(node, ast.ClassDef) and node.lineno == line:
+                return node
+        raise LookupError(f"no class at {path}:{line}")
+
+
+OPERATORS = (
+    "rename_param",
+    "change_default",
+    "drop_param",
+    "change_body",
+    "delete_anchor",
+    "duplicate_anchor",
+    "break_contract",
+    "shadow_extend",
+    "change_base",
+)
+#: operators that also make sense on symbols the lock does not record (expected: no finding)
+UNUSED_OPERATORS = ("rename_param", "change_default", "drop_param", "change_body")
+
+
+def apply(mutation: Mutation, source_root: Path, work: Path) -> Path:
+    """A hard-linked copy of the tree with the one file rewritten."""
+    tree = work / "tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    shutil.copytree(
+        source_root / "vllm",
+        tree / "vllm",
+        copy_function=os.link,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
+    target = tree / mutation.path
+    text = mutation.apply(target.read_text())
+    target.unlink()
+    target.write_text(text)
+    return tree
+
+
+def _random_picks(rng: random.Random) -> Iterator[tuple[str, bool]]:
+    """Rounds of every operator on a recorded symbol and every unrecorded one, each round
+    shuffled, so that every operator gets about as many mutations."""
+    pairs = [(op, True) for op in OPERATORS] + [(op, False) for op in UNUSED_OPERATORS]
+    while True:
+        rng.shuffle(pairs)
+        yield from pairs
+
+
+def run(
+    count: int,
+    seed: int,
+    progress: Callable[[str], None] = lambda _: None,
+    plan: Sequence[tuple[str, bool]] = (),
+) -> list[Outcome]:
+    """``count`` random mutations, each checked by one drift run; or, with ``plan``, one mutation
+    per (operator, whether the symbol is recorded)."""
+    context = open_context(REPO_ROOT, quiet=True)
+    generation, _ = generate(context)
+    rng = random.Random(seed)
+    mutator = Mutator(context, generation.lock, rng)
+    picks = iter(plan) if plan else _random_picks(rng)
+    wanted = len(plan) if plan else count
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="afd-mutations-") as tmp:
+        for attempt, (operator, used) in enumerate(picks):
+            if len(outcomes) == wanted or attempt == wanted * 5:
+                break
+            mutation = mutator.draw(operator, used)
+            if mutation is None:
+                if plan:
+                    raise LookupError(f"found no valid {operator} mutation")
+                continue
+            tree = apply(mutation, context.sources["vllm"].root, Path(tmp))
+            result = run_drift(REPO_ROOT, context.versions["vllm"], to_root=tree)
+            outcome = Outcome(mutation, tuple(sorted({f.code for f in result.findings})))
+            outcomes.append(outcome)
+            progress(
+                f"{len(outcomes):3d} {operator:16} {mutation.symbol} "
+                f"expected {mutation.expected or 'nothing'}, got {', '.join(outcome.codes) or 'nothing'}"
+                + ("" if outcome.correct else "  MISS")
+            )
+    return outcomes
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Counts by recorded / unrecorded and by operator, the score, and every miss."""
+    used = [o for o in outcomes if o.mutation.used]
+    unused = [o for o in outcomes if not o.mutation.used]
+    by_operator: dict[str, list[int]] = {}
+    for outcome in outcomes:
+        name = outcome.mutation.operator + ("" if outcome.mutation.used else " (unrecorded)")
+        tally = by_operator.setdefault(name, [0, 0])
+        tally[0] += outcome.correct
+        tally[1] += 1
+    return {
+        "mutations": len(outcomes),
+        "used_detected": f"{sum(o.correct for o in used)}/{len(used)}",
+        "unused_silent": f"{sum(o.correct for o in unused)}/{len(unused)}",
+        "score": sum(o.correct for o in outcomes) / len(outcomes) if outcomes else 0.0,
+        "by_operator": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_operator.items())},
+        "misses": [
+            {
+                "operator": o.mutation.operator,
+                "symbol": o.mutation.symbol,
+                "path": o.mutation.path,
+                "line": o.mutation.start,
+                "expected": o.mutation.expected or "nothing",
+                "codes": list(o.codes),
+            }
+            for o in outcomes
+            if not o.correct
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/mutations.py", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    outcomes = run(
+        args.count, args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    report = summarize(outcomes) | {
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": args.seed,
+    }
+    text = json.dumps(report, indent=2) + "\n"
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+    return 0 if report["score"] == 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

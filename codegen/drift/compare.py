@@ -1,0 +1,87 @@
+"""The comparison: every lock-based drift finding between two upstream versions (symbols, forks,
+contracts), and the rule that lowers a lost import no rebased body uses any more."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from codegen.drift.contracts import contract_findings
+from codegen.drift.forks import NewBodies, fork_findings
+from codegen.drift.renames import find_renames
+from codegen.drift.sides import Side
+from codegen.drift.symbols import Declared, symbol_findings
+from codegen.findings import Finding, Kind, Severity
+from codegen.markers import Edit
+
+#: findings of a lost upstream symbol
+_LOSS = (Kind.DRIFT_REMOVED, Kind.DRIFT_MOVED, Kind.DRIFT_RENAMED, Kind.DRIFT_KIND)
+
+
+def _unused_on_new(
+    finding: Finding, lock: dict[str, Any], bodies: NewBodies, own: frozenset[str] | None
+) -> Finding:
+    """A lost name that generated code imported only for forked bodies, and that none uses once
+    the overlay's edits for the new release applied (per-release alternatives replaced it), is
+    info. ``own``: the names AFD's own members (overrides, extends) use, the same on every
+    release; None when unknown (nothing is lowered)."""
+    entry = lock.get("symbols", {}).get(finding.symbol, {})
+    # the names the generated modules bind it to (``module:NAME``)
+    local = {user.rsplit(":", 1)[-1].split(".")[0] for user in entry.get("used_by", [])}
+    if (
+        finding.kind not in _LOSS
+        or finding.severity is Severity.INFO
+        or entry.get("roles") != ["generated_import"]
+        or own is None
+        or not bodies.complete
+        or not local
+        or local & (bodies.names | own)
+    ):
+        return finding
+    return replace(
+        finding,
+        severity=Severity.INFO,
+        message=finding.message
+        + "; no forked body uses it on the new release once its edits there applied",
+    )
+
+
+def compare(
+    lock: dict[str, Any],
+    overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
+    old: Side,
+    new: Side,
+    *,
+    files: set[str] | None = None,
+    own: frozenset[str] | None = None,
+    declared: Declared | None = None,
+) -> list[Finding]:
+    """Every lock-based drift finding between two upstream trees (symbols, forks, contracts).
+
+    ``files``: only symbols defined in these upstream files (paths as the lock records them).
+    ``own``: the global names AFD's own members use (:func:`_unused_on_new`).
+    ``declared``: the overlay's signatures (:func:`symbol_findings`).
+    """
+    if files is not None:
+        lock = _restricted(lock, files)
+    renames = find_renames(lock, old, new)
+    sites: dict[str, list[str]] = {}
+    bodies = NewBodies()
+    forks = list(fork_findings(lock, overlay_edits, old, new, renames, sites, bodies))
+    bodies.complete &= files is None  # a restricted lock rebases only some forks
+    findings = [
+        _unused_on_new(f, lock, bodies, own)
+        for f in symbol_findings(lock, old, new, renames, sites, declared)
+    ]
+    return findings + forks + list(contract_findings(lock, old, new))
+
+
+def _restricted(lock: dict[str, Any], files: set[str]) -> dict[str, Any]:
+    """The lock cut down to the symbols (and classes whose base) defined in ``files``."""
+    symbols = {k: v for k, v in lock.get("symbols", {}).items() if v.get("file") in files}
+    classes = {
+        k: v
+        for k, v in lock.get("classes", {}).items()
+        if lock.get("symbols", {}).get(v["base"], {}).get("file") in files
+    }
+    return {**lock, "symbols": symbols, "classes": classes}

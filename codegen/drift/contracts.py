@@ -1,0 +1,106 @@
+"""The contracts overlays state on relied-on upstream methods, evaluated on the new bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from codegen.contracts import evaluate
+from codegen.drift.sides import Side, body_diff
+from codegen.findings import Finding, Kind, Location, Severity
+from codegen.index import Member
+from codegen.markers import Contract
+from codegen.model import SymbolRef
+from codegen.pattern import PatternError
+
+
+def contract_ids(lock: dict[str, Any]) -> dict[str, set[str]]:
+    """Relied-on upstream method -> the ids of the contracts overlays state on it."""
+    ids: dict[str, set[str]] = {}
+    for entry in lock.get("classes", {}).values():
+        for name, contracts in (entry.get("relies_on") or {}).items():
+            key = relied_ref(entry, name)
+            if key is not None and isinstance(contracts, dict):
+                ids.setdefault(key, set()).update(contracts)
+    return ids
+
+
+def relied_ref(entry: dict[str, Any], name: str) -> str | None:
+    """The upstream method a generated class relies on by ``name``: inherited, or run by its
+    override's ``super()`` call."""
+    inherited: str | None = entry["inherited"].get(name)
+    if inherited is not None:
+        return inherited
+    upstream: str | None = entry["members"].get(name, {}).get("upstream")
+    return upstream
+
+
+def contract_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Finding]:
+    """Each contract of a relied-on method whose body changed, evaluated on the new body."""
+    relied_by: dict[tuple[str, str], list[str]] = {}
+    checks: dict[tuple[str, str], tuple[Member, Contract, dict[str, Any]]] = {}
+    for class_key, entry in lock.get("classes", {}).items():
+        base = SymbolRef.parse(entry["base"])
+        for name, contracts in (entry.get("relies_on") or {}).items():
+            key = relied_ref(entry, name)
+            if key is None or not isinstance(contracts, dict):
+                continue  # a lock older than contracts states none
+            target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
+            if target is None or not target.is_method:
+                continue  # the removal is symbol_findings' to report
+            if target.fingerprint() == lock["symbols"].get(key, {}).get("body"):
+                continue
+            for contract_id, recorded in sorted(contracts.items()):
+                contract = Contract(
+                    recorded["pattern"], contract_id, recorded["if_broken"], recorded["count"]
+                )
+                checks[(key, contract_id)] = (target, contract, recorded)
+                relied_by.setdefault((key, contract_id), []).append(class_key.split(":")[-1])
+    for (key, contract_id), (target, contract, recorded) in sorted(checks.items()):
+        symbol = f"{key}#{contract_id}"
+        try:
+            (match,) = evaluate(target, [contract])
+        except PatternError as exc:
+            yield Finding(Kind.DRIFT_UNANALYSED, Severity.BLOCK, symbol, str(exc))
+            continue
+        found = len(match.lines)
+        if found == contract.count:
+            continue
+        where = Location(str(target.module.path), match.lines[0] if match.lines else target.line)
+        pinned_at = ", ".join(str(line) for line in recorded.get("lines", []))
+        details = (
+            f"contract: {contract.pattern.strip()}",
+            f"held in {old.version} at line(s) {pinned_at}: {' | '.join(recorded.get('matched', []))}",
+            *body_diff(
+                old.source(SymbolRef.parse(key)),
+                target.source(),
+                f"{key} ({old.version})",
+                f"{target.ref} ({new.version})",
+            ),
+        )
+        users = ", ".join(relied_by[(key, contract_id)])
+        if found == 0:
+            yield Finding(
+                Kind.DRIFT_CONTRACT_BROKEN,
+                Severity.BLOCK,
+                symbol,
+                f"contract {contract_id!r} no longer holds in {new.version} (relied on by {users}): {contract.if_broken}",
+                upstream=old.location(SymbolRef.parse(key)),
+                target=where,
+                old=str(contract.count),
+                new="0",
+                details=details,
+            )
+        else:
+            yield Finding(
+                Kind.DRIFT_CONTRACT_COUNT,
+                Severity.REVIEW,
+                symbol,
+                f"contract {contract_id!r} now holds in {found} place(s), declared {contract.count} "
+                f"(relied on by {users}); check each still means what AFD relies on",
+                upstream=old.location(SymbolRef.parse(key)),
+                target=where,
+                old=str(contract.count),
+                new=str(found),
+                details=details,
+            )

@@ -1,0 +1,241 @@
+"""Forks on the new release: each fork's edits re-applied to the new upstream body (lost,
+ambiguous, conflicting or clean, with the generated diff), ``extend`` names upstream now
+defines, and a changed MRO."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+
+from codegen.drift.renames import Rename, only_renamed, re_anchored
+from codegen.drift.sides import Side, body_diff
+from codegen.edit import EditError
+from codegen.findings import Finding, Kind, Location, Severity
+from codegen.fork import FailedFork, ForkStage, apply_fork
+from codegen.index import Member, same_behaviour
+from codegen.markers import Edit
+from codegen.model import SymbolRef
+from codegen.names import global_names
+from codegen.releases import applicable
+
+
+@dataclass
+class NewBodies:
+    """What the forks' bodies use on the new release, once their edits applied there."""
+
+    #: global names the rebased bodies read
+    names: set[str] = field(default_factory=set)
+    #: False when a fork could not be rebased with its own edits (its names are unknown)
+    complete: bool = True
+
+
+def fork_findings(
+    lock: dict[str, Any],
+    overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
+    old: Side,
+    new: Side,
+    renames: dict[str, Rename] | None = None,
+    sites: dict[str, list[str]] | None = None,
+    bodies: NewBodies | None = None,
+) -> Iterator[Finding]:
+    """Re-apply every fork's edits to the new body: lost, ambiguous, conflicting or clean (3-way).
+
+    An anchor lost only because a name it mentions was renamed is not reported here: the call
+    site and the re-anchored edit go into ``sites`` for the rename's finding. ``bodies`` collects
+    the global names the rebased bodies use.
+    """
+    bodies = NewBodies() if bodies is None else bodies
+    for class_key, entry in lock.get("classes", {}).items():
+        base = SymbolRef.parse(entry["base"])
+        for name, member in entry.get("members", {}).items():
+            symbol = f"{class_key}.{name}"
+            if member["kind"] in ("extend", "extend_attr"):
+                found = (
+                    new.index.all_members(base).get(name)
+                    if new.index.is_indexed_class(base)
+                    else None
+                )
+                if found is not None:
+                    yield Finding(
+                        Kind.DRIFT_EXTEND_SHADOWS,
+                        Severity.BLOCK,
+                        symbol,
+                        f"{found.ref} now exists upstream; rename ours or override it",
+                        target=Location(str(found.module.path), found.line),
+                    )
+                continue
+            if member["kind"] != "fork":
+                continue
+            edits = overlay_edits.get((class_key, name))
+            try:
+                yield from _rebase(
+                    symbol,
+                    base,
+                    name,
+                    member,
+                    edits,
+                    old,
+                    new,
+                    renames or {},
+                    {} if sites is None else sites,
+                    bodies,
+                )
+            except Exception as exc:
+                bodies.complete = False
+                yield Finding(
+                    Kind.DRIFT_UNANALYSED,
+                    Severity.BLOCK,
+                    symbol,
+                    f"could not be re-based: {type(exc).__name__}: {exc}",
+                )
+        if new.index.is_indexed_class(base):
+            mro = [str(c) for c in new.index.mro(base)]
+            if mro != entry.get("mro"):
+                yield Finding(
+                    Kind.DRIFT_MRO,
+                    Severity.REVIEW,
+                    class_key,
+                    "the upstream MRO under this class changed",
+                    old=" -> ".join(entry.get("mro", [])),
+                    new=" -> ".join(mro),
+                )
+
+
+def _rebase(
+    symbol: str,
+    base: SymbolRef,
+    name: str,
+    member: dict[str, Any],
+    edits: tuple[Edit, ...] | None,
+    old: Side,
+    new: Side,
+    renames: dict[str, Rename],
+    sites: dict[str, list[str]],
+    bodies: NewBodies,
+) -> Iterator[Finding]:
+    if edits is None:
+        raise LookupError("the overlay no longer declares this fork; regenerate the lock first")
+    target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
+    if target is None or not target.is_method:
+        bodies.complete = False
+        return  # reported as a removed fork target by symbol_findings
+    # each release gets the edits its regeneration would apply (per-release alternatives)
+    old_edits = applicable(edits, old.index.versions)
+    fork = apply_fork(target, edits, new.index.versions)
+    where = Location(str(target.module.path), target.line)
+    if isinstance(fork, FailedFork):
+        if fork.stage is ForkStage.ANCHOR:
+            yield Finding(
+                Kind.DRIFT_UNANALYSED,
+                Severity.BLOCK,
+                f"{symbol}#{fork.edit.id}",
+                str(fork.error),
+                target=where,
+            )
+            return
+        if not isinstance(fork.error, EditError):
+            raise fork.error  # an edit's code is no valid pattern: the fork is not analysed
+        bodies.complete = False
+        if re_anchored(symbol, fork.edits, fork.parsed, target, renames, sites):
+            return
+        exc = fork.error
+        kind = Kind.DRIFT_ANCHOR_LOST if exc.found == 0 else Kind.DRIFT_ANCHOR_COUNT
+        yield Finding(
+            kind,
+            Severity.BLOCK,
+            f"{symbol}#{exc.edit.id}",
+            f"anchor {exc.edit.anchor!r} matches {exc.found} place(s) in {new.version}, expected {exc.edit.count}; re-anchor the edit",
+            target=where,
+            old=str(exc.edit.count),
+            new=str(exc.found),
+        )
+        return
+    bodies.names |= global_names(fork.function)
+    changed_regions = []
+    for anchor in fork.anchors:
+        # an alternative written for the new release anchors on code the old lock never saw
+        edit, matched = anchor.edit, list(anchor.matched)
+        recorded = member.get("anchors", {}).get(edit.id, {}) if edit in old_edits else {}
+        if (
+            recorded
+            and recorded.get("matched")
+            and len(matched) == len(recorded["matched"])
+            and matched != recorded["matched"]
+        ):
+            changed_regions.append((edit.id, recorded["matched"], matched))
+    old_target = old.index.find_member(base, name)
+    diff = body_diff(
+        old_target.source() if old_target else "",
+        target.source(),
+        f"{member['upstream']} ({old.version})",
+        f"({new.version})",
+    )
+    if changed_regions:
+        details = (
+            tuple(
+                f"{edit_id}: {' | '.join(a)}  ->  {' | '.join(b)}"
+                for edit_id, a, b in changed_regions
+            )
+            + diff
+        )
+        yield Finding(
+            Kind.DRIFT_REBASE_CONFLICT,
+            Severity.REVIEW,
+            symbol,
+            f"edits apply, but upstream changed the code they anchor on ({', '.join(e for e, _, _ in changed_regions)}); check each",
+            target=where,
+            details=details,
+        )
+    elif not diff:
+        return
+    elif old_target is not None and same_behaviour(old_target.node, target.node):
+        yield Finding(
+            Kind.DRIFT_REBASED,
+            Severity.INFO,
+            symbol,
+            "only formatting, comments, docstrings or bare annotations changed outside our edits",
+            target=where,
+            details=diff,
+        )
+    elif old_target is not None and (names := only_renamed(old_target, target, renames)):
+        yield Finding(
+            Kind.DRIFT_REBASED,
+            Severity.INFO,
+            symbol,
+            f"only renamed names changed ({names}), and the edits for {new.version} apply",
+            target=where,
+            details=diff,
+        )
+    else:
+        generated = _generated_diff(old_target, target, edits, old, new)
+        yield Finding(
+            Kind.DRIFT_REBASED,
+            Severity.REVIEW,
+            symbol,
+            "upstream changed the body outside our edits; they still apply and regeneration carries "
+            "the new code into ours: check it suits this role (upstream diff, then the generated diff)",
+            target=where,
+            details=(*diff, "", "generated method:", *generated),
+        )
+
+
+def _generated_diff(
+    old_target: Member | None, target: Member, edits: tuple[Edit, ...], old: Side, new: Side
+) -> tuple[str, ...]:
+    """The fork's edited body against the old and the new upstream body (each with the edits
+    of its release), as a diff."""
+    bodies = []
+    for side, member in ((old, old_target), (new, target)):
+        if member is None:
+            bodies.append("")
+            continue
+        fork = apply_fork(member, edits, side.index.versions)
+        if isinstance(fork, FailedFork):
+            raise fork.error  # the lock was generated with these edits: the fork is not analysed
+        bodies.append(cst.Module(body=[fork.function]).code)
+    return body_diff(
+        bodies[0], bodies[1], f"generated ({old.version})", f"generated ({new.version})"
+    )

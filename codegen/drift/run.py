@@ -1,0 +1,167 @@
+"""``python -m codegen drift``: compare every symbol the overlay and runtime use between two
+versions of one pinned upstream package (the other pinned packages stay at their pins).
+
+    python -m codegen drift --to 0.28.0 [--package vllm|vllm_ascend] [--from 0.26.0]
+                            [--from-root DIR] [--to-root DIR] [--format md|json|sarif] [--out FILE]
+
+The old version's lock is the committed one when it is up to date, else a regeneration in memory.
+Nothing in the overlay or the lock is touched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from codegen.drift.compare import compare
+from codegen.drift.model_registry import native_architectures, registry_findings
+from codegen.drift.sides import Side
+from codegen.drift.symbols import Declared
+from codegen.findings import Finding
+from codegen.generate import PINS_PATH
+from codegen.index import UpstreamIndex
+from codegen.lock import read_lock
+from codegen.model import MemberKind
+from codegen.names import global_names
+from codegen.overlay import committed_edits, declared_members
+from codegen.pipeline import Context, generate, open_context, up_to_date
+from codegen.report import as_markdown
+from codegen.sources import load_pins, locate
+
+#: how reports name each pinned package
+DISPLAY_NAMES = {"vllm": "vLLM", "vllm_ascend": "vLLM-Ascend"}
+
+
+class UnknownPackage(ValueError):
+    """``--package`` names no package of ``overlay/pins.toml``: a usage error (exit 3)."""
+
+
+@dataclass
+class DriftRun:
+    """One drift comparison and what it cost."""
+
+    old_version: str
+    new_version: str
+    package: str
+    findings: list[Finding]
+    old_index: UpstreamIndex
+    new_index: UpstreamIndex
+    seconds: float
+    origins: dict[str, str]
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "package": self.package,
+            "from": self.old_version,
+            "to": self.new_version,
+            "seconds": round(self.seconds, 2),
+            "sources": self.origins,
+        }
+
+
+def run_drift(
+    repo_root: Path,
+    to_version: str,
+    *,
+    package: str = "vllm",
+    from_version: str | None = None,
+    from_root: Path | None = None,
+    to_root: Path | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> DriftRun:
+    started = time.monotonic()
+    pins = load_pins(repo_root / PINS_PATH)
+    if package not in pins:
+        raise UnknownPackage(
+            f"--package {package!r} is not pinned in {PINS_PATH}; allowed: {', '.join(pins)}"
+        )
+    pinned = open_context(repo_root, quiet=True)
+
+    def side(version: str | None, root: Path | None) -> Context:
+        """The pinned sources with ``package`` at ``version`` (or read from ``root``)."""
+        if version is None and root is None:
+            return pinned
+        source = locate(pins[package], version, upstream_root=root, quiet=True)
+        return replace(pinned, sources={**pinned.sources, package: source})
+
+    old_context, new_context = side(from_version, from_root), side(to_version, to_root)
+    old_version, new_version = old_context.versions[package], new_context.versions[package]
+    progress(
+        f"comparing {package} {old_version} ({old_context.sources[package].origin}) with {new_version} ({new_context.sources[package].origin})"
+    )
+    old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
+    lock = read_lock(repo_root / old_context.lock_path) if up_to_date(old_context) else None
+    findings: list[Finding] = []
+    if (
+        lock is not None
+    ):  # the committed lock describes exactly this old version: no need to regenerate it
+        edits = committed_edits(repo_root)
+    else:
+        generation, old_index = generate(old_context)
+        findings.extend(generation.findings)
+        lock = generation.lock if not generation.blocked else None
+        edits = {
+            (f"{c.module}:{c.name}", m.decl.name): m.decl.edits
+            for c in generation.classes
+            for m in c.members
+            if m.decl.edits
+        }
+    if lock is not None:
+        old, new = Side(old_version, old_index), Side(new_version, new_index)
+        findings.extend(
+            compare(lock, edits, old, new, own=own_names(repo_root), declared=declared(repo_root))
+        )
+        findings.extend(registry_findings(native_architectures(repo_root), old, new))
+    origins = {
+        "from": old_context.sources[package].origin,
+        "to": new_context.sources[package].origin,
+    }
+    return DriftRun(
+        old_version,
+        new_version,
+        package,
+        findings,
+        old_index,
+        new_index,
+        time.monotonic() - started,
+        origins,
+    )
+
+
+def declared(repo_root: Path) -> Declared:
+    """The overlay's signatures of forks and overrides, with every release's deltas for each base,
+    keyed by generated member (as the lock's ``used_by``)."""
+    return {
+        f"{member.class_key}.{member.decl.name}": (
+            member.decl.signature,
+            tuple(d for d in member.decl.deltas if d.applies_to(str(member.base))),
+        )
+        for member in declared_members(repo_root)
+        if member.decl.signature is not None
+    }
+
+
+def own_names(repo_root: Path) -> frozenset[str]:
+    """The global names the overlay's own members (overrides, extends, attributes) use: the same
+    code on every release."""
+    names: set[str] = set()
+    for member in declared_members(repo_root):
+        if member.decl.kind is not MemberKind.FORK:
+            names |= global_names(member.decl.node)
+    return frozenset(names)
+
+
+def drift_markdown(run: DriftRun) -> str:
+    name = DISPLAY_NAMES.get(run.package, run.package)
+    command = "python -m codegen drift" + (
+        f" --package {run.package} --from {run.old_version}" if run.package != "vllm" else ""
+    )
+    intro = [
+        f"Upstream {name} {run.old_version} -> {run.new_version}: every symbol in the lock (bases and MRO, overridden,",
+        "forked and inherited methods, anchors, names the overlay and runtime import, registry keys, config fields).",
+        f"Generated by `{command} --to {run.new_version}` in {run.seconds:.1f} s.",
+    ]
+    return as_markdown(run.findings, f"Drift: {name} {run.old_version} -> {run.new_version}", intro)

@@ -1,0 +1,367 @@
+"""Per recorded symbol: removed, moved, renamed, another kind, a new signature, a new body; the
+severity follows the symbol's roles in the lock (what AFD does with it)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from codegen.drift.contracts import contract_ids
+from codegen.drift.renames import Rename, relocated
+from codegen.drift.sides import Side, body_diff
+from codegen.findings import Finding, Kind, Location, Severity
+from codegen.index import same_behaviour
+from codegen.lock import describe_symbol
+from codegen.markers import Delta
+from codegen.model import ParamKind, Signature, SymbolRef
+from codegen.releases import applicable
+from codegen.signatures import check_signature, differences
+
+#: roles whose symbol disappearing or changing signature breaks generation
+_BREAKING_ROLES = {
+    "base",
+    "fork",
+    "override",
+    "extended",
+    "replaced",
+    "override_attr",
+    "overlay_import",
+    "generated_import",
+    "runtime_import",
+    "runtime_field",
+}
+
+
+_SIGNATURE_KINDS = {
+    "param_added": Kind.DRIFT_PARAM_ADDED,
+    "param_removed": Kind.DRIFT_PARAM_REMOVED,
+    "param_renamed": Kind.DRIFT_PARAM_RENAMED,
+    "param_kind": Kind.DRIFT_PARAM_KIND,
+    "param_order": Kind.DRIFT_PARAM_ORDER,
+    "param_default": Kind.DRIFT_PARAM_DEFAULT,
+    "param_annotation": Kind.DRIFT_PARAM_ANNOTATION,
+    "return_annotation": Kind.DRIFT_RETURN_ANNOTATION,
+    "decorators": Kind.DRIFT_DECORATORS,
+}
+
+
+def _severity_for_loss(roles: set[str]) -> Severity:
+    """A symbol gone, renamed or turned into another kind: it blocks whatever uses it directly."""
+    if roles & (_BREAKING_ROLES | {"relied_on"}):
+        return Severity.BLOCK
+    return _severity_for_change(roles)
+
+
+def _severity_for_change(roles: set[str]) -> Severity:
+    if roles & _BREAKING_ROLES - {
+        "overlay_import",
+        "generated_import",
+        "runtime_import",
+        "runtime_field",
+    }:
+        return Severity.BLOCK
+    if roles & {
+        "relied_on",
+        "overlay_import",
+        "generated_import",
+        "runtime_import",
+        "runtime_field",
+        "mro",
+    }:
+        return Severity.REVIEW
+    return Severity.INFO
+
+
+def override_roles(lock: dict[str, Any]) -> dict[str, str]:
+    """How our overrides use each upstream method they override.
+
+    ``extended``: every override calls ``super()``, so upstream's body still runs inside ours;
+    ``replaced``: none does, so only the signature matters; ``override``: some do.
+    """
+    calls: dict[str, set[bool]] = {}
+    for entry in lock.get("classes", {}).values():
+        for member in entry.get("members", {}).values():
+            if member["kind"] == "override" and "upstream" in member:
+                calls.setdefault(member["upstream"], set()).add(bool(member.get("calls_super")))
+    named = {frozenset({True}): "extended", frozenset({False}): "replaced"}
+    return {ref: named.get(frozenset(seen), "override") for ref, seen in calls.items()}
+
+
+#: generated member (``module:Class.member``) -> the overlay's signature and the deltas declared
+#: for its base, on every release (each with its ``when=``)
+Declared = Mapping[str, tuple[Signature, tuple[Delta, ...]]]
+
+
+def symbol_findings(
+    lock: dict[str, Any],
+    old: Side,
+    new: Side,
+    renames: dict[str, Rename] | None = None,
+    sites: dict[str, list[str]] | None = None,
+    declared: Declared | None = None,
+) -> Iterator[Finding]:
+    """Every recorded upstream symbol: removed, moved, renamed, signature and body changes.
+
+    ``renames`` (from :func:`find_renames`) turn a removal into one "renamed" finding that
+    carries the forked call sites collected in ``sites`` by :func:`fork_findings`. ``declared``
+    (the overlay's signatures) makes a signature change the overlay already declares for the new
+    release info.
+    """
+    overrides = override_roles(lock)
+    contracts = contract_ids(lock)
+    for key, entry in lock.get("symbols", {}).items():
+        ref = SymbolRef.parse(key)
+        roles = set(entry.get("roles", []))
+        if key in overrides:
+            roles = (roles - {"override"}) | {overrides[key]}
+        users = ", ".join(entry.get("used_by", [])[:3])
+        rename = (renames or {}).get(key)
+        try:
+            if rename is not None:
+                yield _renamed(rename, roles, users, old, (sites or {}).get(key, []))
+            else:
+                yield from _one_symbol(
+                    ref, entry, roles, users, old, new, sorted(contracts.get(key, ())), declared
+                )
+        except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
+            yield Finding(
+                Kind.DRIFT_UNANALYSED,
+                Severity.BLOCK,
+                key,
+                f"could not be analysed: {type(exc).__name__}: {exc}",
+            )
+
+
+def _renamed(rename: Rename, roles: set[str], users: str, old: Side, sites: list[str]) -> Finding:
+    severity = _severity_for_loss(roles)
+    count = sum(not line.startswith(" ") for line in sites)
+    fix = (
+        f"; {count} forked call site(s) re-anchor as proposed in the details"
+        if sites
+        else f"; import {rename.new.qualname} where {rename.old.qualname} was used"
+    )
+    return Finding(
+        Kind.DRIFT_RENAMED,
+        severity,
+        str(rename.old),
+        f"renamed: {rename.old.qualname} -> {rename.new.qualname} ({rename.change}; used by {users}){fix}",
+        upstream=old.location(rename.old),
+        target=rename.where,
+        old=str(rename.old),
+        new=str(rename.new),
+        details=tuple(sites),
+    )
+
+
+def _one_symbol(
+    ref: SymbolRef,
+    entry: dict[str, Any],
+    roles: set[str],
+    users: str,
+    old: Side,
+    new: Side,
+    contract_ids: list[str],
+    declared: Declared | None = None,
+) -> Iterator[Finding]:
+    key = str(ref)
+    if entry.get("kind") == "external":
+        return
+    current = describe_symbol(new.index, ref)
+    before = old.location(ref)
+    after = new.location(ref)
+    if current["kind"] in ("missing", "external"):
+        moved = relocated(new, ref, entry)
+        severity = _severity_for_loss(roles)
+        if moved is not None:
+            kind, where = moved
+            yield Finding(
+                kind,
+                severity,
+                key,
+                f"now {where} (used by {users}); update the overlay or runtime",
+                upstream=before,
+                old=key,
+                new=where,
+            )
+        else:
+            yield Finding(
+                Kind.DRIFT_REMOVED,
+                severity,
+                key,
+                f"is gone in {new.version} (used by {users})",
+                upstream=before,
+                old=key,
+            )
+        return
+    if current["kind"] != entry.get("kind"):
+        severity = _severity_for_loss(roles)
+        yield Finding(
+            Kind.DRIFT_KIND,
+            severity,
+            key,
+            f"was a {entry.get('kind')}, is a {current['kind']}",
+            upstream=before,
+            target=after,
+            old=entry.get("kind"),
+            new=current["kind"],
+        )
+        return
+    handled = _declared_for(entry.get("used_by", []), new, ref, declared or {})
+    yield from _signature_changes(ref, roles, users, old, new, before, after, handled)
+    if entry.get("kind") == "class" and entry.get("bases") != current.get("bases"):
+        yield Finding(
+            Kind.DRIFT_BASES,
+            Severity.REVIEW if roles - {"mro"} else Severity.INFO,
+            key,
+            "changed its bases",
+            upstream=before,
+            target=after,
+            old=", ".join(entry.get("bases", [])),
+            new=", ".join(current.get("bases", [])),
+        )
+    old_body, new_body = (
+        entry.get("body") or entry.get("value"),
+        current.get("body") or current.get("value"),
+    )
+    if old_body is None or old_body == new_body or "fork" in roles:
+        return  # forks are re-based edit by edit in fork_findings
+    diff = body_diff(
+        old.source(ref),
+        new.source(ref),
+        f"{key} ({old.version})",
+        f"{key} ({new.version})",
+    )
+    inherited = bool(roles & {"relied_on", "inherited"})
+    overridden = bool(roles & {"override", "override_attr", "replaced", "extended"})
+    kind = Kind.DRIFT_INHERITED_BODY if inherited and not overridden else Kind.DRIFT_BODY
+    old_node, new_node = old.node(ref), new.node(ref)
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    if (
+        isinstance(old_node, functions)
+        and isinstance(new_node, functions)
+        and same_behaviour(old_node, new_node)
+    ):
+        message = "only formatting, comments, docstrings or bare annotations changed"
+        yield Finding(kind, Severity.INFO, key, f"{message} (used by {users})", before, after)
+        return
+    if "override" in roles or "override_attr" in roles:
+        severity = Severity.REVIEW
+        message = "upstream changed the body our override replaces; check ours still fits"
+    elif "replaced" in roles:
+        severity = Severity.INFO
+        message = "body changed; our overrides replace it and never call super(), so only its signature matters"
+    elif "extended" in roles:
+        severity = Severity.INFO
+        message = "body changed; our overrides call super(), so the change reaches us"
+    elif "relied_on" in roles and contract_ids:
+        severity = Severity.INFO
+        message = f"body changed (AFD relies on it; its contracts {', '.join(contract_ids)} are evaluated separately, DRF070/DRF071 when broken)"
+    elif "relied_on" in roles:
+        severity = Severity.REVIEW
+        message = "body changed (AFD relies on it; no contract states how)"
+    elif inherited:
+        severity = Severity.INFO
+        message = "body changed (inherited, not relied on)"
+    else:
+        severity = Severity.INFO
+        message = "body changed"
+    yield Finding(
+        kind,
+        severity,
+        key,
+        f"{message} (used by {users})",
+        upstream=before,
+        target=after,
+        details=diff,
+    )
+
+
+def is_callee(roles: set[str]) -> bool:
+    """Whether the lock records a symbol only as something AFD's code calls (imported by
+    generated, overlay or runtime code), never forked, overridden or extended: its signature
+    changes are one callee finding (DRF022) naming the call sites."""
+    return bool(roles & {"generated_import", "overlay_import", "runtime_import"}) and not (
+        roles & {"fork", "override", "extended", "replaced"}
+    )
+
+
+def _signature_changes(
+    ref: SymbolRef,
+    roles: set[str],
+    users: str,
+    old: Side,
+    new: Side,
+    before: Location | None,
+    after: Location | None,
+    handled: bool = False,
+) -> Iterator[Finding]:
+    old_sig, new_sig = old.signature(ref), new.signature(ref)
+    if old_sig is None or new_sig is None:
+        return
+    changed = differences(old_sig, new_sig)
+    if not changed:
+        return
+    callee = is_callee(roles)
+    reordered = any(diff.kind == "param_order" for diff in changed)
+    for diff in changed:
+        kind = Kind.DRIFT_CALLEE_SIGNATURE if callee else _SIGNATURE_KINDS[diff.kind]
+        severity = Severity.REVIEW if callee else _severity_for_change(roles)
+        if (
+            callee
+            and diff.kind == "param_added"
+            and not reordered
+            and _binds_old_calls(old_sig, new_sig, diff.param)
+        ):
+            severity = Severity.INFO
+        declared = ""
+        if handled:
+            severity = Severity.INFO
+            declared = (
+                f"; the overlay's signature, with its deltas for {new.version}, already matches"
+            )
+        what = f"{diff.kind.replace('_', ' ')}" + (f" {diff.param!r}" if diff.param else "")
+        yield Finding(
+            kind,
+            severity,
+            str(ref),
+            f"{what}: {diff.upstream!r} -> {diff.ours!r} (used by {users}){declared}",
+            upstream=before,
+            target=after,
+            old=diff.upstream,
+            new=diff.ours,
+        )
+
+
+def _declared_for(used_by: Sequence[str], new: Side, ref: SymbolRef, declared: Declared) -> bool:
+    """Whether every generated member using ``ref`` declares, with the deltas of the new
+    release (their ``when=``), exactly ``ref``'s new signature: the overlay handles the change."""
+    signature = new.signature(ref)
+    if signature is None or not used_by or any(user not in declared for user in used_by):
+        return False
+    return not any(
+        check_signature(
+            user,
+            signature,
+            declared[user][0],
+            applicable(declared[user][1], new.index.versions),
+            ours_at=Location(user),
+            upstream_at=Location(str(ref)),
+        )
+        for user in used_by
+    )
+
+
+def _binds_old_calls(old: Signature, new: Signature, added: str | None) -> bool:
+    """Whether every call of ``old`` still binds the same way with parameter ``added`` of ``new``:
+    it has a default and is keyword-only, or comes after every positional parameter ``old`` had."""
+    params = {p.name: (i, p) for i, p in enumerate(new.params)}
+    if added not in params or params[added][1].default is None:
+        return False
+    index, param = params[added]
+    if param.kind is ParamKind.KEYWORD_ONLY:
+        return True
+    positional = (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
+    return all(
+        params[p.name][0] < index for p in old.params if p.kind in positional and p.name in params
+    )

@@ -1,0 +1,100 @@
+"""Probes of a served AFD group that only the tests read: whether a port is free again, Prometheus
+samples, the FFN workers' recent steps and the processes' memory.
+
+Starting, querying and stopping the servers is :mod:`afd_models.cli.serve`, which the demo and
+benchmarks use too.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from afd_models.cli.serve import Server, ServerError, collective_rpc, group_members
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a new server could listen on ``port`` (as servers do, with SO_REUSEADDR:
+    connections of a stopped process lingering in TIME_WAIT do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+        return True
+
+
+#: one sample line of the Prometheus text format: name, labels, value
+_SAMPLE = re.compile(r"^([\w:]+)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metrics(
+    server: Server, name: str, timeout_s: float = 30.0
+) -> list[tuple[dict[str, str], float]]:
+    """The samples of ``name`` in the server's ``/metrics``: each one's labels and value."""
+    try:
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=timeout_s) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        raise ServerError(f"GET {server.url}/metrics failed: {exc}") from exc
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) == name:
+            labels = dict(_LABEL.findall(match.group(2) or ""))
+            samples.append((labels, float(match.group(3))))
+    return samples
+
+
+def metric_value(server: Server, name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` in the server's ``/metrics`` whose labels include
+    ``labels``.
+
+    Raises:
+        ServerError: no such sample, or more than one.
+    """
+    samples = metrics(server, name)
+    found = [value for have, value in samples if labels.items() <= have.items()]
+    if len(found) != 1:
+        raise ServerError(f"{len(found)} samples of {name} with {labels} in {samples}")
+    return found[0]
+
+
+def ffn_steps(server: Server) -> list[list[dict[str, Any]]]:
+    """Each FFN worker's recent steps (:meth:`afd_models.ffn_server.FFNServer.recent_steps`), one
+    list per TP rank; the server must run with VLLM_SERVER_DEV_MODE=1. Attention ranks as ints."""
+    return [
+        [{**step, "peers": {int(r): n for r, n in step["peers"].items()}} for step in steps]
+        for steps in collective_rpc(server, "afd_ffn_steps")
+    ]
+
+
+def _sum_proc_field(server: Server, file: str, key: str) -> int:
+    """``key`` (a kB figure) of ``/proc/PID/file`` summed over the server's live processes."""
+    total = 0
+    for pid in group_members(server):
+        try:
+            text = Path(f"/proc/{pid}/{file}").read_text()
+        except OSError:
+            continue  # exited since it was listed
+        for line in text.splitlines():
+            if line.startswith(key):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def peak_rss_bytes(server: Server) -> int:
+    """The sum of the peak resident memory (VmHWM) of the server's live processes: an upper bound
+    of the group's peak, since the processes share library pages and peak at different times."""
+    return _sum_proc_field(server, "status", "VmHWM:")
+
+
+def pss_bytes(server: Server) -> int:
+    """The server's memory now, shared pages split between the processes sharing them (PSS)."""
+    return _sum_proc_field(server, "smaps_rollup", "Pss:")

@@ -1,0 +1,345 @@
+"""Building a bundle on a networked machine: resolve vLLM's closure and torch's (once per spec),
+download the wheels (once each), pack them into one tar and cut it into parts."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from codegen.fetch import FetchError, ReleaseFile, cache_root, download, normalize_name, sha256_file
+from tools.gpu_bundle.manifest import (
+    MANIFEST_NAME,
+    MAX_PART_MIB,
+    MIB,
+    PART_NAME,
+    PART_PREFIX,
+    PIP_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
+    RESOLUTION_REVISION,
+    BundleError,
+    BundleSpec,
+    HostDist,
+    Manifest,
+    PartInfo,
+    Plan,
+    ResolvedWheel,
+    WheelInfo,
+    WheelRole,
+    check_spec,
+    compatible_platforms,
+    log,
+    mib,
+    platform_glibc,
+    write_atomic,
+)
+
+# --------------------------------------------------------------------------- resolve
+
+
+def find_python(version: str, explicit: Path | None) -> Path:
+    """An interpreter of ``version`` to run pip's resolution with (see :mod:`tools.gpu_bundle`)."""
+    if explicit is not None:
+        found = _python_version_of(explicit)
+        if found != version:
+            raise BundleError(
+                f"--python {explicit} is Python {found or '(does not run)'}, not {version}: pip "
+                "evaluates environment markers with the interpreter that runs it"
+            )
+        return explicit
+    candidates = [Path(sys.executable)]
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if _python_version_of(candidate) == version:
+            return candidate
+    raise BundleError(
+        f"no Python {version} found (tried {', '.join(map(str, candidates))}); pip evaluates "
+        f"environment markers with the interpreter that runs it, so pass --python /path/to/python{version}"
+    )
+
+
+def _python_version_of(python: Path) -> str | None:
+    try:
+        result = subprocess.run(
+            [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except OSError:
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def read_report(report: Any, spec: BundleSpec, requirement: str) -> dict[str, ResolvedWheel]:
+    """The distributions a ``pip install --dry-run --report`` picked, by canonical name.
+
+    Raises if pip evaluated markers for another Python or machine than the bundle's.
+    """
+    environment = report.get("environment", {})
+    _, arch = platform_glibc(spec.platform)
+    expected = {
+        "python_version": spec.python_version,
+        "platform_machine": arch,
+        "sys_platform": "linux",
+    }
+    wrong = {k: environment.get(k) for k, v in expected.items() if environment.get(k) != v}
+    if wrong:
+        raise BundleError(
+            f"pip resolved {requirement} with markers for {wrong}, not {expected}: run the build with "
+            f"a Python {spec.python_version} on a Linux {arch} machine (--python)"
+        )
+    closure: dict[str, ResolvedWheel] = {}
+    for item in report.get("install", []):
+        name = normalize_name(item["metadata"]["name"])
+        info = item["download_info"]
+        sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+        if not sha256:
+            raise BundleError(
+                f"{requirement}: pip's report has no sha256 for {name} ({info['url']})"
+            )
+        filename = urllib.parse.unquote(urllib.parse.urlsplit(info["url"]).path.rsplit("/", 1)[-1])
+        closure[name] = ResolvedWheel(
+            name, item["metadata"]["version"], filename, info["url"], sha256
+        )
+    return closure
+
+
+def _pip_resolve(
+    python: Path, requirement: str, spec: BundleSpec, scratch: Path
+) -> dict[str, ResolvedWheel]:
+    report = scratch / f"{normalize_name(requirement.split('==')[0])}.json"
+    command = [
+        str(python), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+        "--report", str(report),
+        # pip 23 accepts platform options only with --target, even for a dry run
+        "--target", str(scratch / "target"),
+        "--only-binary=:all:", "--implementation", "cp", "--python-version", spec.python_version,
+        *(f"--platform={tag}" for tag in compatible_platforms(spec.platform)),
+        # read METADATA by HTTP range requests: an index without PEP 658 metadata would otherwise
+        # make pip download every wheel, torch and the CUDA libraries included (several GB)
+        "--use-feature=fast-deps",
+        requirement,
+    ]  # fmt: skip
+    log(
+        f"resolving {requirement} for Python {spec.python_version}, {spec.platform} (metadata only)"
+    )
+    started = time.monotonic()
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise BundleError(f"pip took over {PIP_TIMEOUT_S} s to resolve {requirement}") from exc
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+        raise BundleError(
+            f"pip could not resolve {requirement} (exit {result.returncode}):\n{tail}"
+        )
+    closure = read_report(json.loads(report.read_text()), spec, requirement)
+    log(f"  {len(closure)} distributions in {time.monotonic() - started:.0f} s")
+    return closure
+
+
+def plan_bundle(
+    vllm_closure: dict[str, ResolvedWheel],
+    torch_closure: dict[str, ResolvedWheel],
+    spec: BundleSpec,
+) -> Plan:
+    """vLLM's closure minus torch's, by name; another version of a torch dependency is an alternate."""
+    torch = vllm_closure.get("torch")
+    if torch is None or torch.version != spec.torch_version:
+        raise BundleError(
+            f"vllm=={spec.vllm_version} resolved torch {torch.version if torch else '(none)'}, but the "
+            f"GPU host has torch {spec.torch_version}: the bundle would not fit it"
+        )
+    wheels = []
+    for name, wheel in sorted(vllm_closure.items()):
+        on_host = torch_closure.get(name)
+        if on_host is None:
+            wheels.append(wheel)
+        elif on_host.version != wheel.version:
+            wheels.append(dataclasses.replace(wheel, role=WheelRole.ALTERNATE))
+    host = tuple(HostDist(n, w.version) for n, w in sorted(torch_closure.items()))
+    return Plan(tuple(wheels), host)
+
+
+def _plan_to_json(plan: Plan, spec: BundleSpec) -> dict[str, Any]:
+    return {
+        "revision": RESOLUTION_REVISION,
+        "spec": dataclasses.asdict(spec),
+        "wheels": [{**dataclasses.asdict(w), "role": w.role.value} for w in plan.wheels],
+        "host_provided": [dataclasses.asdict(h) for h in plan.host_provided],
+    }
+
+
+def _cached_plan(path: Path, spec: BundleSpec) -> Plan | None:
+    """The resolution stored by an earlier build of the same spec, or None."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("revision") != RESOLUTION_REVISION or data.get("spec") != dataclasses.asdict(spec):
+        return None
+    wheels = tuple(ResolvedWheel(**{**w, "role": WheelRole(w["role"])}) for w in data["wheels"])
+    return Plan(wheels, tuple(HostDist(**h) for h in data["host_provided"]))
+
+
+# --------------------------------------------------------------------------- pack
+
+
+def write_archive(wheels: Sequence[Path], archive: Path) -> None:
+    """An uncompressed tar of ``wheels`` under their file names; the same files give the same bytes."""
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(wheels, key=lambda p: p.name):
+            info = tarfile.TarInfo(path.name)
+            info.size = path.stat().st_size
+            info.mode = 0o644
+            info.mtime = 0
+            with path.open("rb") as handle:
+                tar.addfile(info, handle)
+
+
+def split_parts(archive: Path, out_dir: Path, part_bytes: int) -> list[PartInfo]:
+    """Cut ``archive`` into ``bundle.part000``, ``bundle.part001``, ... of at most ``part_bytes``."""
+    if not 1 <= part_bytes <= MAX_PART_MIB * MIB:
+        raise BundleError(
+            f"part_bytes={part_bytes} is outside the allowed range 1..{MAX_PART_MIB * MIB}"
+        )
+    parts: list[PartInfo] = []
+    with archive.open("rb") as source:
+        for data in iter(lambda: source.read(part_bytes), b""):
+            part = PartInfo(
+                f"{PART_PREFIX}{len(parts):03d}", len(data), hashlib.sha256(data).hexdigest()
+            )
+            write_atomic(out_dir / part.filename, data)
+            log(f"  wrote {part.filename} ({mib(part.size)})")
+            parts.append(part)
+    return parts
+
+
+def pack_bundle(
+    wheels: Sequence[WheelInfo],
+    wheels_dir: Path,
+    out_dir: Path,
+    spec: BundleSpec,
+    *,
+    part_bytes: int,
+    host_provided: Sequence[HostDist] = (),
+) -> Manifest:
+    """Write the parts and ``manifest.json`` (last, so a crashed build leaves no manifest)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.iterdir():
+        if stale.name == MANIFEST_NAME or PART_NAME.fullmatch(stale.name):
+            stale.unlink()
+    archive = out_dir / ".bundle.tar.partial"
+    try:
+        write_archive([wheels_dir / w.filename for w in wheels], archive)
+        archive_sha256, archive_size = sha256_file(archive), archive.stat().st_size
+        log(
+            f"archive: {len(wheels)} wheels, {mib(archive_size)}; cutting into parts of <= {mib(part_bytes)}"
+        )
+        parts = split_parts(archive, out_dir, part_bytes)
+    finally:
+        archive.unlink(missing_ok=True)
+    manifest = Manifest(
+        spec=spec,
+        wheels=tuple(sorted(wheels, key=lambda w: w.filename)),
+        host_provided=tuple(host_provided),
+        parts=tuple(parts),
+        archive_sha256=archive_sha256,
+        archive_size=archive_size,
+    )
+    write_atomic(
+        out_dir / MANIFEST_NAME, (json.dumps(manifest.to_json(), indent=2) + "\n").encode()
+    )
+    return manifest
+
+
+def build_bundle(
+    out_dir: Path,
+    spec: BundleSpec,
+    *,
+    part_bytes: int = MAX_PART_MIB * MIB,
+    python: Path | None = None,
+) -> Manifest:
+    """Resolve (once per spec), download (once per wheel), pack and split into ``out_dir``.
+
+    Parameters:
+        out_dir: where the parts and ``manifest.json`` go.
+        spec: the vLLM, torch, Python and platform the bundle is for.
+        part_bytes: the largest part, in bytes.
+        python: interpreter of ``spec.python_version`` for pip's resolution (found if None).
+    """
+    started = time.monotonic()
+    check_spec(spec)
+    cache = cache_root() / "gpu-bundle" / spec.key
+    plan = _cached_plan(cache / "resolution.json", spec)
+    if plan is not None:
+        log(f"reusing the resolution in {cache}")
+    else:
+        interpreter = find_python(spec.python_version, python)
+        with tempfile.TemporaryDirectory(prefix="afd-gpu-bundle-") as scratch:
+            torch_closure = _pip_resolve(
+                interpreter, f"torch=={spec.torch_version}", spec, Path(scratch)
+            )
+            vllm_closure = _pip_resolve(
+                interpreter, f"vllm=={spec.vllm_version}", spec, Path(scratch)
+            )
+        plan = plan_bundle(vllm_closure, torch_closure, spec)
+        cache.mkdir(parents=True, exist_ok=True)
+        write_atomic(
+            cache / "resolution.json", json.dumps(_plan_to_json(plan, spec), indent=2).encode()
+        )
+    log(
+        f"left to the GPU host ({len(plan.host_provided)}): "
+        + ", ".join(f"{h.name} {h.version}" for h in plan.host_provided)
+    )
+    for wheel in plan.wheels:
+        if wheel.role is WheelRole.ALTERNATE:
+            host = next(h.version for h in plan.host_provided if h.name == wheel.name)
+            log(
+                f"alternate: {wheel.name} {wheel.version} (torch alone resolves {host}); used only if the host's copy fails vLLM"
+            )
+    wheels_dir = cache / "wheels"
+    cached = sum((wheels_dir / w.filename).exists() for w in plan.wheels)
+    log(f"{len(plan.wheels)} wheels for the bundle, {cached} already in {wheels_dir}")
+    infos = []
+    for index, wheel in enumerate(plan.wheels, 1):
+        release = ReleaseFile(
+            wheel.name, wheel.version, wheel.filename, wheel.url, wheel.sha256, "wheel"
+        )
+        if not (wheels_dir / wheel.filename).exists():
+            log(f"  downloading [{index}/{len(plan.wheels)}] {wheel.filename}")
+        try:
+            path = download(release, wheels_dir, quiet=True)
+        except FetchError as exc:
+            raise BundleError(str(exc)) from exc
+        infos.append(
+            WheelInfo(
+                wheel.filename,
+                wheel.name,
+                wheel.version,
+                wheel.sha256,
+                path.stat().st_size,
+                wheel.role,
+            )
+        )
+    log(f"{len(infos)} wheels in {wheels_dir}, {mib(sum(w.size for w in infos))}")
+    manifest = pack_bundle(
+        infos, wheels_dir, out_dir, spec, part_bytes=part_bytes, host_provided=plan.host_provided
+    )
+    log(
+        f"bundle ready in {out_dir}: {len(manifest.wheels)} wheels, {mib(manifest.archive_size)} in "
+        f"{len(manifest.parts)} parts of <= {mib(part_bytes)} ({time.monotonic() - started:.0f} s)"
+    )
+    return manifest

@@ -1,0 +1,128 @@
+"""Check the AFD CUDA runtime against native vLLM 0.26.0 on this GPU host, and report.
+
+    python -m tools.gpu_check                          # vLLM 0.26.0 (CUDA) already importable
+    python -m tools.gpu_check --bundle DIR             # install tools.gpu_bundle's parts first
+    python -m tools.gpu_check --only eager --gate ffn --json out.json
+
+Run from the repository root, with ``afd_models/_generated`` present (``nox -s regenerate``
+writes it; carry it with the working tree). For each mode of :data:`MODES` and each gate
+placement it runs native vLLM and the AFD Attention worker with the in-process loopback connector
+on GPU 0 (the first visible device), every engine in a fresh interpreter, and checks: equal
+greedy tokens, the worker's graph and micro-batch counters against the mode (a graph mode whose
+graphs never replayed tested nothing: a failure), that the exchange ran, and that the in-process
+FFN weights count in vLLM's memory budget. It measures tokens/s of both engines (same prompts,
+``max_tokens``, ``ignore_eos``, greedy; timed after one warm-up generate) and the connector's
+round trip. With two or more CUDA devices it also runs the two-process NCCL path (FFN engine on
+the second device, Attention on the first); with one it says so and skips it (a skip, not a pass).
+DBO (``additional_config.afd.dbo``) runs in the NCCL pair only: an in-process FFN half would
+compute inside vLLM's micro-batch threads, which vLLM's MoE kernels refuse.
+
+Exit codes: 0 every run that ran passed; 2 a comparison or counter check failed; 3 bad usage, a
+host that cannot run the check (no vLLM and no ``--bundle``, no CUDA device, stale generated
+code), or the check itself crashed.
+
+One job per module: :mod:`~tools.gpu_check.modes` (the mode table and the counter rule),
+:mod:`~tools.gpu_check.verdict` (a run against its native run), :mod:`~tools.gpu_check.report`
+(text and JSON), :mod:`~tools.gpu_check.runs` (the engine runs), :mod:`~tools.gpu_check.host`
+(environment, probe, model), :mod:`~tools.gpu_check.cli`. Only the standard library is imported
+in this process; torch and vLLM are imported by the engine processes,
+``python -m tools.gpu_check.child`` with an internal command (``_probe``, ``_model``, ``_engine``).
+"""
+
+from tools.gpu_check.cli import (
+    Host,
+    Options,
+    Runner,
+    build_parser,
+    check,
+    main,
+    options_from,
+    resolve_env,
+    vllm_importable,
+)
+from tools.gpu_check.host import base_env, default_target, install_bundle, prepare, probe
+from tools.gpu_check.modes import (
+    ATTENTION_CLASSES,
+    ATTENTION_WORKER,
+    COMMON_ENGINE_ARGS,
+    ENGINE_ENV,
+    EXCHANGE_IN_GRAPH,
+    FFN_CLASSES,
+    FFN_WORKER,
+    LOOPBACK,
+    MODES,
+    NATIVE_CLASSES,
+    NCCL,
+    VLLM_VERSION,
+    Expect,
+    Gate,
+    Mode,
+    counter_problems,
+    mode_named,
+)
+from tools.gpu_check.report import (
+    COLUMNS,
+    FORMAT,
+    HostInfo,
+    ModeReport,
+    ModeStatus,
+    NcclReport,
+    NcclStatus,
+    Report,
+    render,
+    table,
+)
+from tools.gpu_check.runs import Setup, llm_args, run_env, run_native, run_nccl_pair, run_pair
+from tools.gpu_check.verdict import PairResult, evaluate_pair
+
+__all__ = [
+    "ATTENTION_CLASSES",
+    "ATTENTION_WORKER",
+    "COLUMNS",
+    "COMMON_ENGINE_ARGS",
+    "ENGINE_ENV",
+    "EXCHANGE_IN_GRAPH",
+    "FFN_CLASSES",
+    "FFN_WORKER",
+    "FORMAT",
+    "LOOPBACK",
+    "MODES",
+    "NATIVE_CLASSES",
+    "NCCL",
+    "VLLM_VERSION",
+    "Expect",
+    "Gate",
+    "Host",
+    "HostInfo",
+    "Mode",
+    "ModeReport",
+    "ModeStatus",
+    "NcclReport",
+    "NcclStatus",
+    "Options",
+    "PairResult",
+    "Report",
+    "Runner",
+    "Setup",
+    "base_env",
+    "build_parser",
+    "check",
+    "counter_problems",
+    "default_target",
+    "evaluate_pair",
+    "install_bundle",
+    "llm_args",
+    "main",
+    "mode_named",
+    "options_from",
+    "prepare",
+    "probe",
+    "render",
+    "resolve_env",
+    "run_env",
+    "run_native",
+    "run_nccl_pair",
+    "run_pair",
+    "table",
+    "vllm_importable",
+]

@@ -1,0 +1,56 @@
+"""What every tool's command line shares: usage errors, the parser and the crash guard that give
+the project's exit codes (:class:`codegen.findings.ExitCode`, the table in docs/maintainers.md:
+0 clean, 2 a check found a real problem, 3 bad usage or a tool error), progress lines and the
+atomic JSON report. No tool has review-only findings (1)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from codegen.findings import ExitCode
+
+
+class UsageError(Exception):
+    """Bad arguments, or a host that cannot run the command; the message says what to pass or fix."""
+
+
+class ToolParser(argparse.ArgumentParser):
+    """argparse with the project's exit code for a malformed command line (3, not argparse's 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.ERROR, f"{self.prog}: error: {message}\n")
+
+
+def log(tag: str, message: str) -> None:
+    """A progress line on stderr: ``[tag HH:MM:SS] message``."""
+    print(f"[{tag} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def guarded(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit code; a UsageError is 3 with its message, any other exception 3 with its
+    traceback (a crash is never a pass, nor a check's finding)."""
+    try:
+        return run()
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    except Exception:
+        traceback.print_exc()
+        print(f"{prog}: internal error: the tool itself crashed (exit 3)", file=sys.stderr)
+        return ExitCode.ERROR
+
+
+def write_json(data: Mapping[str, Any], path: Path) -> None:
+    """``data`` as indented JSON at ``path``, written through a temporary file and renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    partial.replace(path)
