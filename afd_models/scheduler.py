@@ -6,7 +6,7 @@ stays up (docs/user-guide.md, "Restarting a role").
 It is generated from ``overlay/vllm/v1/core/sched/scheduler.py``; this module only names it.
 """
 
-from afd_models._freshness import check_generated_code
+from afd_models.freshness import check_generated_code
 
 # before the generated import: a stale checkout fails here with the command that fixes it
 check_generated_code()

@@ -1,7 +1,7 @@
 """Upstream attributes the hand-written runtime reads (beyond the names it imports).
 
-``codegen`` reads this list statically, records each attribute in ``overlay/overlay.lock`` (role
-``runtime_field``) and blocks generation if upstream does not define one; ``codegen drift``
+``codegen`` reads this list statically, records each attribute in ``overlay/overlay.lock`` (symbol
+use ``read_by_runtime``) and blocks generation if upstream does not define one; ``codegen drift``
 reports a rename or removal in a new vLLM version before anything runs. Keep it in step with the
 code: an attribute read and not listed here is invisible to the drift checker.
 """

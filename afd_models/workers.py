@@ -16,7 +16,7 @@ vLLM-Ascend, which needs an Ascend host, so they are imported when first named.
 
 from typing import Any
 
-from afd_models._freshness import check_generated_code
+from afd_models.freshness import check_generated_code
 
 # before the first generated import: a checkout with no generated code, or a stale one, fails here
 # with the command that fixes it (the generated registry repeats the check for every other path)

@@ -10,7 +10,7 @@ the break; other findings do not count:
 rename_param        DRF012 (DRF022 for a method AFD's code only calls: :func:`_signature_code`)
 change_default      DRF015 (idem)
 drop_param          DRF011 (idem)
-change_body         by the method's role (:func:`_body_code`): a fork DRF032 (DRF030 when the
+change_body         by the method's uses (:func:`_body_code`): a fork DRF032 (DRF030 when the
                     new line splits anchored statements), an overridden method DRF020, an
                     inherited or relied-on one DRF021
 delete_anchor       DRF030
@@ -44,6 +44,8 @@ from typing import Any
 from codegen.drift.contracts import relied_ref
 from codegen.drift.run import run_drift
 from codegen.drift.symbols import is_callee
+from codegen.lock import OVERRIDES, Lock, SymbolEntry, SymbolKind, SymbolUse
+from codegen.model import MemberKind
 from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
 
@@ -153,46 +155,47 @@ def _module(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
-def _body_code(roles: set[str]) -> str:
-    """What drift must report when a method's body changes, by the method's roles in the lock:
+def _body_code(uses: frozenset[SymbolUse]) -> str:
+    """What drift must report when a method's body changes, by the method's uses in the lock:
     a fork is re-based (DRF032; a lost anchor, DRF030, when the change splits the statements an
     edit anchors on); an overridden or otherwise used method reports the body (DRF020); a method
     we inherit, relied on or not, reports an inherited body (DRF021)."""
-    if "fork" in roles:
+    if SymbolUse.FORKED in uses:
         return "DRF032"
-    if roles & {"override", "override_attr"}:
+    if uses & OVERRIDES:
         return "DRF020"
-    if roles & {"relied_on", "inherited"}:
+    if uses & {SymbolUse.INHERITED_RELIED_ON, SymbolUse.INHERITED}:
         return "DRF021"
     return "DRF020"
 
 
-def _in_vllm(symbol: dict[str, Any]) -> bool:
+def _in_vllm(symbol: SymbolEntry) -> bool:
     """Whether a symbol the lock records lives in vLLM's source, the tree mutations change (what
     the lock records of the other pinned packages, vLLM-Ascend's, is left out)."""
-    return str(symbol.get("file", "")).startswith("vllm/")
+    return (symbol.description.file or "").startswith("vllm/")
 
 
-def _signature_code(roles: set[str], code: str) -> str:
+def _signature_code(uses: frozenset[SymbolUse], code: str) -> str:
     """What drift must report when a recorded method's signature changes: ``code``, or, for a
     method AFD's code only calls, the callee finding DRF022 that names the call sites."""
-    return "DRF022" if is_callee(roles) else code
+    return "DRF022" if is_callee(uses) else code
 
 
 class Mutator:
     """Builds mutations from the lock's symbols and from the unrecorded functions and methods of
     the upstream files the lock tracks."""
 
-    def __init__(self, context: Context, lock: dict[str, Any], rng: random.Random):
+    def __init__(self, context: Context, lock: Lock, rng: random.Random):
         self.root: Path = context.sources["vllm"].root
         self.lock = lock
         self.rng = rng
         self._texts: dict[str, str] = {}
-        #: recorded methods grouped by their roles, so that rare roles (forks) get drawn too
+        #: recorded methods grouped by their uses, so that rare uses (forks) get drawn too
         self.recorded: dict[str, list[str]] = {}
-        for key, entry in sorted(lock["symbols"].items()):
-            if entry.get("kind") == "method" and _in_vllm(entry):
-                self.recorded.setdefault(" ".join(sorted(entry["roles"])), []).append(key)
+        for key, entry in sorted(lock.symbols.items()):
+            if entry.kind is SymbolKind.METHOD and _in_vllm(entry):
+                group = " ".join(sorted(u.value for u in entry.uses))
+                self.recorded.setdefault(group, []).append(key)
         self.unrecorded = list(self._unrecorded())
 
     def text(self, path: str) -> str:
@@ -205,8 +208,8 @@ class Mutator:
 
     def _unrecorded(self) -> Iterator[tuple[str, str, Function]]:
         """Module functions and methods of module classes, in the files the lock tracks, that the
-        lock does not record in any role."""
-        for path in sorted(self.lock["upstream"]["vllm"]["files"]):
+        lock does not record in any use."""
+        for path in sorted(self.lock.upstream["vllm"].files):
             module = _module(path)
             for node in ast.parse(self.text(path)).body:
                 functions = [(node.name, node)] if isinstance(node, Function) else []
@@ -217,22 +220,18 @@ class Mutator:
                         if isinstance(child, Function)
                     ]
                 for qualname, function in functions:
-                    if f"{module}:{qualname}" not in self.lock["symbols"]:
+                    if f"{module}:{qualname}" not in self.lock.symbols:
                         yield f"{module}:{qualname}", path, function
 
-    def _method(self, used: bool) -> tuple[str, str, Function, set[str]]:
-        """A method the lock records (key, file, node, roles), or an unrecorded one (no roles)."""
+    def _method(self, used: bool) -> tuple[str, str, Function, frozenset[SymbolUse]]:
+        """A method the lock records (key, file, node, uses), or an unrecorded one (no uses)."""
         if not used:
             key, path, node = self.rng.choice(self.unrecorded)
-            return key, path, node, set()
+            return key, path, node, frozenset()
         key = self.rng.choice(self.recorded[self.rng.choice(sorted(self.recorded))])
-        entry = self.lock["symbols"][key]
-        return (
-            key,
-            entry["file"],
-            _function(self.text(entry["file"]), entry["line"]),
-            set(entry["roles"]),
-        )
+        entry = self.lock.symbols[key]
+        file, line = entry.description.file or "", entry.description.line or 0
+        return key, file, _function(self.text(file), line), entry.uses
 
     def make(self, operator: str, used: bool = True) -> Mutation | None:
         """One mutation by ``operator``, or None where the drawn symbol does not suit it."""
@@ -289,12 +288,12 @@ class Mutator:
 
     def _rename_param(self, used: bool) -> Mutation | None:
         """Append ``_renamed`` to one parameter's name."""
-        key, path, node, roles = self._method(used)
+        key, path, node, uses = self._method(used)
         params = self._params(node)
         if not params:
             return None
         param = self.rng.choice(params)
-        expected = _signature_code(roles, "DRF012") if used else None
+        expected = _signature_code(uses, "DRF012") if used else None
         width = len(param.arg.encode())
         return self._replace(
             "rename_param", key, path, expected, param, width, f"{param.arg}_renamed"
@@ -302,7 +301,7 @@ class Mutator:
 
     def _change_default(self, used: bool) -> Mutation | None:
         """Change one constant default (``True`` to ``False``, a string, ``None`` to ``0``, ...)."""
-        key, path, node, roles = self._method(used)
+        key, path, node, uses = self._method(used)
         defaults = [
             d for d in [*node.args.defaults, *node.args.kw_defaults] if isinstance(d, ast.Constant)
         ]
@@ -320,13 +319,13 @@ class Mutator:
             new = "0"
         else:
             new = "None"
-        expected = _signature_code(roles, "DRF015") if used else None
+        expected = _signature_code(uses, "DRF015") if used else None
         width = (default.end_col_offset or 0) - default.col_offset
         return self._replace("change_default", key, path, expected, default, width, new)
 
     def _drop_param(self, used: bool) -> Mutation | None:
         """Remove one parameter written on a line of its own."""
-        key, path, node, roles = self._method(used)
+        key, path, node, uses = self._method(used)
         params = [p for p in self._params(node) if p.lineno != node.lineno]
         if not params:
             return None
@@ -336,19 +335,19 @@ class Mutator:
             p is not param and p.lineno == param.lineno for p in params
         ):
             return None  # only a parameter alone on its line (draw() rejects one that runs on)
-        expected = _signature_code(roles, "DRF011") if used else None
+        expected = _signature_code(uses, "DRF011") if used else None
         return Mutation("drop_param", key, path, expected, param.lineno, param.lineno, ())
 
     # --- body operators -------------------------------------------------------------
 
     def _change_body(self, used: bool) -> Mutation | None:
         """Insert an assignment before one statement of the body (not inside a block)."""
-        key, path, node, roles = self._method(used)
+        key, path, node, uses = self._method(used)
         body = _body(node)
         if not body:
             return None
         line = _first_line(self.rng.choice(body))
-        expected = _body_code(roles) if used else None
+        expected = _body_code(uses) if used else None
         if expected == "DRF032" and self._splits_anchor(key, path, line):
             expected = "DRF030"
         text = self._lines(path)[line - 1]
@@ -359,13 +358,13 @@ class Mutator:
         """Whether a line inserted before ``line`` lands between the statements an edit of the
         fork ``key`` anchors on: then the anchor no longer matches (a lost anchor, not a re-base)."""
         tree = ast.parse(self.text(path))
-        for entry in self.lock["classes"].values():
-            for member in entry["members"].values():
-                if member.get("upstream") != key:
+        for entry in self.lock.classes.values():
+            for member in entry.members.values():
+                if member.upstream != key:
                     continue
-                for anchor in member.get("anchors", {}).values():
-                    count = _statement_count(anchor["anchor"])
-                    for start in anchor["lines"]:
+                for anchor in (member.anchors or {}).values():
+                    count = _statement_count(anchor.anchor)
+                    for start in anchor.lines:
                         span = _statements_at(tree, start, count)
                         if span is not None and span[0] < line <= span[1]:
                             return True
@@ -393,19 +392,19 @@ class Mutator:
         """A fork's anchor that matched once: its symbol, file and the lines of the statements it
         matched (an expression anchor: the statement it is in)."""
         anchors = []
-        for class_key, entry in self.lock["classes"].items():
-            for name, member in entry["members"].items():
-                for edit_id, anchor in member.get("anchors", {}).items():
-                    if len(anchor["lines"]) == 1 and member.get("upstream"):
-                        symbol = self.lock["symbols"][member["upstream"]]
-                        if not _in_vllm(symbol):
+        for class_key, entry in self.lock.classes.items():
+            for name, member in entry.members.items():
+                for edit_id, anchor in (member.anchors or {}).items():
+                    if len(anchor.lines) == 1 and member.upstream:
+                        recorded = self.lock.symbols[member.upstream]
+                        if not _in_vllm(recorded):
                             continue
                         anchors.append(
                             (
                                 f"{class_key}.{name}#{edit_id}",
-                                symbol["file"],
-                                anchor["lines"][0],
-                                anchor["anchor"],
+                                recorded.description.file or "",
+                                anchor.lines[0],
+                                anchor.anchor,
                             )
                         )
         if not anchors:
@@ -417,28 +416,26 @@ class Mutator:
     def _break_contract(self, used: bool) -> Mutation | None:
         """Replace the statement(s) where a relied-on method's contract matched with ``pass``."""
         contracts = {}
-        for entry in self.lock["classes"].values():
-            for method, stated in (entry.get("relies_on") or {}).items():
+        for entry in self.lock.classes.values():
+            for method, stated in entry.relies_on.items():
                 key = relied_ref(entry, method)
-                if key is None or not _in_vllm(self.lock["symbols"][key]):
+                if key is None or not _in_vllm(self.lock.symbols[key]):
                     continue
                 for contract_id, recorded in stated.items():
-                    if recorded.get("lines"):
+                    if recorded.lines:
                         contracts[f"{key}#{contract_id}"] = (key, recorded)
         if not contracts:
             return None
         symbol = self.rng.choice(sorted(contracts))
         key, recorded = contracts[symbol]
-        path = self.lock["symbols"][key]["file"]
-        line = self.rng.choice(recorded["lines"])
-        span = _statements_at(
-            ast.parse(self.text(path)), line, _statement_count(recorded["pattern"])
-        )
+        path = self.lock.symbols[key].description.file or ""
+        line = self.rng.choice(recorded.lines)
+        span = _statements_at(ast.parse(self.text(path)), line, _statement_count(recorded.pattern))
         if span is None:
             return None
         start, stop = span
         # a contract declared to hold in several places still holds in the others
-        elsewhere = any(not start <= other <= stop for other in recorded["lines"])
+        elsewhere = any(not start <= other <= stop for other in recorded.lines)
         expected = "DRF071" if elsewhere else "DRF070"
         indent = _indent(self._lines(path)[start - 1])
         return Mutation("break_contract", symbol, path, expected, start, stop, (f"{indent}pass",))
@@ -448,43 +445,43 @@ class Mutator:
     def _shadow_extend(self, used: bool) -> Mutation | None:
         """Define a method named like one of our ``extend``s in the upstream base class."""
         extends = []
-        for entry in self.lock["classes"].values():
-            for name, member in entry["members"].items():
-                if member["kind"] == "extend" and _in_vllm(self.lock["symbols"][entry["base"]]):
-                    extends.append((entry["base"], name))
+        for entry in self.lock.classes.values():
+            for name, member in entry.members.items():
+                if member.kind is MemberKind.EXTEND and _in_vllm(self.lock.symbols[entry.base]):
+                    extends.append((entry.base, name))
         if not extends:
             return None
         base, name = self.rng.choice(sorted(extends))
-        symbol = self.lock["symbols"][base]
-        node = self._class(symbol["file"], symbol["line"])
+        symbol = self.lock.symbols[base].description
+        file = symbol.file or ""
+        node = self._class(file, symbol.line or 0)
         line = _first_line(node.body[0])
-        indent = _indent(self._lines(symbol["file"])[node.body[0].lineno - 1])
+        indent = _indent(self._lines(file)[node.body[0].lineno - 1])
         method = (f"{indent}def {name}(self):", f"{indent}    return None", "")
-        return Mutation(
-            "shadow_extend", f"{base}.{name}", symbol["file"], "DRF040", line, line - 1, method
-        )
+        return Mutation("shadow_extend", f"{base}.{name}", file, "DRF040", line, line - 1, method)
 
     def _change_base(self, used: bool) -> Mutation | None:
         """Replace the bases of an upstream class we derive from with ``object``."""
         bases = sorted(
             k
-            for k, v in self.lock["symbols"].items()
-            if v.get("kind") == "class"
-            and "base" in v.get("roles", [])
-            and v.get("bases")
+            for k, v in self.lock.symbols.items()
+            if v.kind is SymbolKind.CLASS
+            and SymbolUse.BASE in v.uses
+            and v.description.bases
             and _in_vllm(v)
         )
         if not bases:
             return None
         key = self.rng.choice(bases)
-        entry = self.lock["symbols"][key]
-        node = self._class(entry["file"], entry["line"])
+        entry = self.lock.symbols[key].description
+        file = entry.file or ""
+        node = self._class(file, entry.line or 0)
         start, stop = node.lineno, _first_line(node.body[0]) - 1
         if stop < start:
             return None  # a one-line class
-        indent = _indent(self._lines(entry["file"])[start - 1])
+        indent = _indent(self._lines(file)[start - 1])
         header = (f"{indent}class {node.name}(object):",)
-        return Mutation("change_base", key, entry["file"], "DRF041", start, stop, header)
+        return Mutation("change_base", key, file, "DRF041", start, stop, header)
 
     def _class(self, path: str, line: int) -> ast.ClassDef:
         for node in ast.walk(ast.parse(self.text(path))):
@@ -546,6 +543,7 @@ def run(
     context = open_context(REPO_ROOT, quiet=True)
     generation, _ = generate(context)
     rng = random.Random(seed)
+    assert generation.lock is not None, "the pinned upstream must generate"
     mutator = Mutator(context, generation.lock, rng)
     picks = iter(plan) if plan else _random_picks(rng)
     wanted = len(plan) if plan else count

@@ -8,7 +8,7 @@ Same tiny DeepSeek-V2 config, same weights, vLLM's engine with its worker proces
 (the in-process engine leaves threads unbound and its timings noisy); the time of every model
 forward is summed with forward hooks in the worker (scheduling and sampling excluded). Batch 1: one request
 decoding 256 tokens; batch 32: 32 requests decoding 64 tokens; native and AFD runs alternate. AFD runs its FFN half in-process
-behind the loopback connector, so the difference is the proxies, the connector contract and the
+behind the loopback connector, so the difference is the proxies, the connector interface and the
 second model's dispatch. Target: < 5% at batch 1 and 32.
 """
 

@@ -13,13 +13,13 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from codegen.checks.suite import run_checks
 from codegen.drift.audit import run_audit
 from codegen.drift.run import UnknownPackage, drift_markdown, run_drift
 from codegen.fetch import FetchError
-from codegen.findings import ExitCode, Finding, exit_code, summary
+from codegen.findings import CommandParser, ExitCode, Finding, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, up_to_date, write_lock, write_output
 from codegen.report import as_json, as_sarif, print_findings, progress
@@ -27,14 +27,6 @@ from codegen.show import ShowError, show
 from codegen.sources import SourceError, choose_version, load_pins
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class _Parser(argparse.ArgumentParser):
-    """A usage error exits 3 (:attr:`ExitCode.ERROR`), not argparse's 2: 2 means "blocks"."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(ExitCode.ERROR, f"{self.prog}: error: {message}\n")
 
 
 def _vllm_version(args: argparse.Namespace) -> str:
@@ -206,7 +198,7 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m codegen", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m codegen", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 

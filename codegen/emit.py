@@ -178,7 +178,7 @@ def render_registry(
 
 # Importing anything generated checks this generation first; a stale one fails here, naming the
 # fix. (The vLLM plugin registers names only and imports nothing from this package.)
-from afd_models._freshness import check_generated_code
+from afd_models.freshness import check_generated_code
 
 check_generated_code()
 

@@ -1,4 +1,5 @@
-"""The one vocabulary of every check: finding kinds with stable codes, severities, exit codes.
+"""The one vocabulary of every check: finding kinds with stable codes, severities, exit codes
+(and :class:`CommandParser`, the argparse that gives a usage error its exit code).
 
 Detection code yields :class:`Finding` objects; renderers (text, JSON, Markdown, SARIF) only
 format them. Filter and count by ``code``, never by message text.
@@ -6,10 +7,12 @@ format them. Filter and count by ``code``, never by message text.
 
 from __future__ import annotations
 
+import argparse
 import enum
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 
 class Severity(enum.Enum):
@@ -65,7 +68,7 @@ class Kind(enum.Enum):
     RUNTIME_IMPORT = "RT002"
     RUNTIME_SIGNATURE = "RT003"
     RUNTIME_SHADOWS = "RT004"
-    RUNTIME_REPLACED = "RT005"
+    RUNTIME_PATCHED = "RT005"
     # dotted paths
     PATH_IMPORT = "PTH001"
     PATH_BASE = "PTH002"
@@ -151,7 +154,7 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.RUNTIME_IMPORT: "a generated or upstream symbol does not import",
     Kind.RUNTIME_SIGNATURE: "the runtime signature differs from upstream",
     Kind.RUNTIME_SHADOWS: "an extend name exists on the live upstream class",
-    Kind.RUNTIME_REPLACED: "a forked or relied-on method, or an imported name, is replaced at runtime by code from another package",
+    Kind.RUNTIME_PATCHED: "a forked or relied-on method, or an imported name, is patched at run time by code from another package",
     Kind.PATH_IMPORT: "a dotted class path does not import",
     Kind.PATH_BASE: "a dotted class path does not derive from its claimed upstream base",
     Kind.PATCH_ATTRIBUTE: "an attribute of an upstream module or class is assigned",
@@ -279,6 +282,15 @@ class ExitCode(enum.IntEnum):
     #: a usage error (an unknown option, package or release), or the tool itself failed (the
     #: upstream source is not available, a crash): nothing was analysed, never a pass
     ERROR = 3
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse for every command (codegen, tools): a usage error exits 3 (:attr:`ExitCode.ERROR`),
+    not argparse's 2, which means "blocks"."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.ERROR, f"{self.prog}: error: {message}\n")
 
 
 def exit_code(findings: Iterable[Finding]) -> ExitCode:

@@ -22,6 +22,7 @@ from codegen.edit import EditError, RelativeImportRewriter, SuperRewriter
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.fork import FailedFork, ForkStage, apply_fork
 from codegen.index import Member, UpstreamIndex
+from codegen.lock import Lock
 from codegen.markers import Contract
 from codegen.model import (
     ContractMatch,
@@ -66,8 +67,8 @@ class Generation:
     namespaces: dict[str, ModuleNamespace] = field(default_factory=dict)
     #: repo-relative path -> file content (filled by codegen.emit)
     files: dict[str, str] = field(default_factory=dict)
-    #: the lock document (filled by codegen.lock)
-    lock: dict[str, Any] = field(default_factory=dict)
+    #: the lock (filled by :func:`codegen.lock_build.build_lock`; None when generation blocked)
+    lock: Lock | None = None
     findings: list[Finding] = field(default_factory=list)
     #: upstream symbols the hand-written runtime imports: ref -> files
     runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)

@@ -22,6 +22,7 @@ Example (see docs/overlay.md for the whole format)::
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,18 +31,25 @@ T = TypeVar("T")
 
 #: The edit actions a fork may declare.
 ACTIONS = ("replace", "insert_before", "insert_after", "delete", "wrap")
-#: The signature differences a delta may declare.
-DELTA_KINDS = (
-    "param_added",
-    "param_removed",
-    "param_renamed",
-    "param_kind",
-    "param_order",
-    "param_default",
-    "param_annotation",
-    "return_annotation",
-    "decorators",
-)
+
+
+class DifferenceKind(enum.Enum):
+    """One way two signatures differ: what a ``delta(...)`` declares, what the signature check
+    (:mod:`codegen.signatures`) and drift report. The value is the name a delta uses."""
+
+    PARAM_ADDED = "param_added"
+    PARAM_REMOVED = "param_removed"
+    PARAM_RENAMED = "param_renamed"
+    PARAM_KIND = "param_kind"
+    PARAM_ORDER = "param_order"
+    PARAM_DEFAULT = "param_default"
+    PARAM_ANNOTATION = "param_annotation"
+    RETURN_ANNOTATION = "return_annotation"
+    DECORATORS = "decorators"
+
+
+#: The signature differences a delta may declare, by name.
+DELTA_KINDS = tuple(k.value for k in DifferenceKind)
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,7 @@ class Edit:
 class Delta:
     """A declared, exact difference between an overlay signature and upstream's."""
 
-    #: one of DELTA_KINDS
-    kind: str
+    kind: DifferenceKind
     #: the parameter concerned (None for return annotation and decorators)
     param: str | None
     #: the upstream side, as normalized source text (None where there is none)
@@ -162,8 +169,10 @@ def delta(
     when: str | None = None,
 ) -> Delta:
     """Declare one exact signature difference from upstream (for one ``base``, or for all; on the
-    releases of ``when``, or on all)."""
-    return Delta(kind, param, upstream, ours, why, base, when)
+    releases of ``when``, or on all); ``kind`` is one of :data:`DELTA_KINDS`."""
+    if kind not in DELTA_KINDS or not why.strip():
+        raise ValueError(f"delta kind {kind!r} must be one of {DELTA_KINDS}, with a why")
+    return Delta(DifferenceKind(kind), param, upstream, ours, why, base, when)
 
 
 def contract(pattern: str, *, id: str, if_broken: str, count: int = 1) -> Contract:

@@ -397,18 +397,13 @@ class _Reader:
                     item.lineno,
                     f"{owner}.{item.name}: edit {edit.id!r} needs a valid action, count >= 1 and a why",
                 )
-        for d in deltas:
-            if d.kind not in markers.DELTA_KINDS or not d.why.strip():
-                self.problem(
-                    item.lineno,
-                    f"{owner}.{item.name}: delta kind {d.kind!r} must be one of {markers.DELTA_KINDS}, with a why",
-                )
+        for d in deltas:  # kind and why are checked by markers.delta
             if d.when is not None:
                 try:
                     parse_range(d.when)
                 except ValueError as exc:
                     self.problem(
-                        item.lineno, f"{owner}.{item.name}: delta {d.kind} {d.param}: {exc}"
+                        item.lineno, f"{owner}.{item.name}: delta {d.kind.value} {d.param}: {exc}"
                     )
         marker_texts = frozenset(ast.unparse(d) for d in item.decorator_list if self._marker_of(d))
         signature = Signature.from_ast(item, skip_decorators=marker_texts)

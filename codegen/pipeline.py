@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from afd_models.generated_registry import GENERATED_ROOT, REGISTRY_PATH, registry_data
 from codegen.drift.compare import compare
@@ -32,7 +31,8 @@ from codegen.generate import (
     upstream_files,
 )
 from codegen.index import UpstreamIndex, sha256_text
-from codegen.lock import build_lock, read_lock, render_lock, sha256_of
+from codegen.lock import Lock, LockFormatError, read_lock, render_lock
+from codegen.lock_build import build_lock, sha256_of
 from codegen.overlay import OverlayError, committed_edits
 from codegen.releases import parse_range
 from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
@@ -114,7 +114,9 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
         for overlay_class in overlay.classes:
             for member in overlay_class.members:
                 limited = [(f"#{e.id}", "edit", e.when) for e in member.edits]
-                limited += [(f"#delta:{d.kind}:{d.param}", "delta", d.when) for d in member.deltas]
+                limited += [
+                    (f"#delta:{d.kind.value}:{d.param}", "delta", d.when) for d in member.deltas
+                ]
                 for label, what, when in limited:
                     if when is None:
                         continue
@@ -150,17 +152,20 @@ def pinned_hash_findings(context: Context, index: UpstreamIndex) -> list[Finding
     cache, symbol by symbol, with drift's classification: each recorded symbol of a differing file
     that changed is a DRF finding. ``index`` indexes ``context.sources``.
     """
-    lock = read_lock(context.repo_root / context.lock_path)
+    try:
+        lock = read_lock(context.repo_root / context.lock_path)
+    except LockFormatError:  # regeneration rewrites it; `codegen check` reports it (LCK002)
+        return []
     if lock is None:
         return []
     findings: list[Finding] = []
-    for package, entry in lock.get("upstream", {}).items():
+    for package, entry in lock.upstream.items():
         source = context.sources.get(package)
-        if source is None or source.version != entry.get("version"):
+        if source is None or source.version != entry.version:
             continue
         changed = {
             path: (sha, now)
-            for path, sha in entry.get("files", {}).items()
+            for path, sha in entry.files.items()
             if (now := _file_sha(source.root / path)) is not None and now != sha
         }
         if changed:
@@ -176,7 +181,7 @@ def _file_sha(path: Path) -> str | None:
 def _changed_files(
     context: Context,
     index: UpstreamIndex,
-    lock: dict[str, Any],
+    lock: Lock,
     package: str,
     changed: dict[str, tuple[str, str]],
 ) -> list[Finding]:
@@ -260,6 +265,7 @@ def write_output(repo_root: Path, generation: Generation) -> None:
 def write_lock(repo_root: Path, generation: Generation) -> None:
     """Write only the generation's lock (a supported release other than the one on disk)."""
     (repo_root / generation.lock_path).parent.mkdir(parents=True, exist_ok=True)
+    assert generation.lock is not None, "a blocked generation has no lock to write"
     _write_atomic(repo_root / generation.lock_path, render_lock(generation.lock))
 
 
@@ -284,20 +290,19 @@ def up_to_date(context: Context) -> bool:
     files themselves; parses nothing.
     """
     registry = registry_data(context.repo_root)
-    lock = read_lock(context.repo_root / context.lock_path)
-    if (
-        registry is None
-        or lock is None
-        or lock.get("upstream", {}).keys() != context.sources.keys()
-    ):
+    try:
+        lock = read_lock(context.repo_root / context.lock_path)
+    except LockFormatError:  # a lock of another format is stale
+        return False
+    if registry is None or lock is None or lock.upstream.keys() != context.sources.keys():
         return False
     upstream: dict[str, dict[str, str]] = {}
-    for package, entry in lock["upstream"].items():
+    for package, entry in lock.upstream.items():
         source = context.sources[package]
-        if entry.get("version") != source.version:
+        if entry.version != source.version:
             return False
         files = {}
-        for path in entry.get("files", {}):
+        for path in entry.files:
             file = source.root / path
             if not file.exists():
                 return False
@@ -307,7 +312,7 @@ def up_to_date(context: Context) -> bool:
         context.repo_root, overlay_hashes(context.repo_root), upstream
     ) != registry.get("INPUTS_DIGEST"):
         return False
-    expected = dict(lock.get("generated", {}))
+    expected = dict(lock.generated)
     for path, sha in expected.items():
         file = context.repo_root / path
         if not file.exists() or hashlib.sha256(file.read_bytes()).hexdigest() != sha:

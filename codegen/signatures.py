@@ -13,19 +13,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from codegen.findings import Finding, Kind, Location, Severity
-from codegen.markers import Delta
+from codegen.markers import Delta, DifferenceKind
 from codegen.model import Param, Signature
 
 _KIND_OF = {
-    "param_added": Kind.PARAM_ADDED,
-    "param_removed": Kind.PARAM_REMOVED,
-    "param_renamed": Kind.PARAM_RENAMED,
-    "param_kind": Kind.PARAM_KIND,
-    "param_order": Kind.PARAM_ORDER,
-    "param_default": Kind.PARAM_DEFAULT,
-    "param_annotation": Kind.PARAM_ANNOTATION,
-    "return_annotation": Kind.RETURN_ANNOTATION,
-    "decorators": Kind.DECORATORS,
+    DifferenceKind.PARAM_ADDED: Kind.PARAM_ADDED,
+    DifferenceKind.PARAM_REMOVED: Kind.PARAM_REMOVED,
+    DifferenceKind.PARAM_RENAMED: Kind.PARAM_RENAMED,
+    DifferenceKind.PARAM_KIND: Kind.PARAM_KIND,
+    DifferenceKind.PARAM_ORDER: Kind.PARAM_ORDER,
+    DifferenceKind.PARAM_DEFAULT: Kind.PARAM_DEFAULT,
+    DifferenceKind.PARAM_ANNOTATION: Kind.PARAM_ANNOTATION,
+    DifferenceKind.RETURN_ANNOTATION: Kind.RETURN_ANNOTATION,
+    DifferenceKind.DECORATORS: Kind.DECORATORS,
 }
 
 
@@ -33,13 +33,13 @@ _KIND_OF = {
 class Difference:
     """One way two signatures differ; values are normalized source text (None: absent)."""
 
-    kind: str
+    kind: DifferenceKind
     param: str | None
     upstream: str | None
     ours: str | None
 
     def as_delta_call(self) -> str:
-        args = [repr(self.kind)]
+        args = [repr(self.kind.value)]
         if self.param is not None:
             args.append(repr(self.param))
         args.append(f"upstream={self.upstream!r}")
@@ -57,28 +57,39 @@ def differences(upstream: Signature, ours: Signature) -> list[Difference]:
     for a, b in zip(upstream.params, ours.params, strict=False):
         if a.name != b.name and a.name not in our_names and b.name not in up_names:
             renamed[a.name] = b.name
-            result.append(Difference("param_renamed", a.name, a.name, b.name))
+            result.append(Difference(DifferenceKind.PARAM_RENAMED, a.name, a.name, b.name))
     ours_by_name = {p.name: p for p in ours.params}
     for param in upstream.params:
         counterpart = ours_by_name.get(renamed.get(param.name, param.name))
         if counterpart is None:
-            result.append(Difference("param_removed", param.name, param.render(), None))
+            result.append(
+                Difference(DifferenceKind.PARAM_REMOVED, param.name, param.render(), None)
+            )
             continue
         result.extend(_param_differences(param, counterpart))
     matched = {renamed.get(n, n) for n in up_names}
     for param in ours.params:
         if param.name not in matched:
-            result.append(Difference("param_added", param.name, None, param.render()))
+            result.append(Difference(DifferenceKind.PARAM_ADDED, param.name, None, param.render()))
     common_up = [renamed.get(n, n) for n in up_names if renamed.get(n, n) in our_names]
     common_ours = [n for n in our_names if n in matched]
     if common_up != common_ours:
-        result.append(Difference("param_order", None, ", ".join(common_up), ", ".join(common_ours)))
+        result.append(
+            Difference(
+                DifferenceKind.PARAM_ORDER, None, ", ".join(common_up), ", ".join(common_ours)
+            )
+        )
     if upstream.returns != ours.returns:
-        result.append(Difference("return_annotation", None, upstream.returns, ours.returns))
+        result.append(
+            Difference(DifferenceKind.RETURN_ANNOTATION, None, upstream.returns, ours.returns)
+        )
     if upstream.decorators != ours.decorators:
         result.append(
             Difference(
-                "decorators", None, _decorators(upstream.decorators), _decorators(ours.decorators)
+                DifferenceKind.DECORATORS,
+                None,
+                _decorators(upstream.decorators),
+                _decorators(ours.decorators),
             )
         )
     return result
@@ -91,21 +102,25 @@ def _decorators(items: Sequence[str]) -> str | None:
 def _param_differences(up: Param, ours: Param) -> Iterator[Difference]:
     name = up.name
     if up.kind is not ours.kind:
-        yield Difference("param_kind", name, up.kind.value, ours.kind.value)
+        yield Difference(DifferenceKind.PARAM_KIND, name, up.kind.value, ours.kind.value)
     if up.default != ours.default:
-        yield Difference("param_default", name, up.default, ours.default)
+        yield Difference(DifferenceKind.PARAM_DEFAULT, name, up.default, ours.default)
     if up.annotation != ours.annotation:
-        yield Difference("param_annotation", name, up.annotation, ours.annotation)
+        yield Difference(DifferenceKind.PARAM_ANNOTATION, name, up.annotation, ours.annotation)
 
 
-def _normalize(kind: str, text: str | None) -> str | None:
+def _normalize(kind: DifferenceKind, text: str | None) -> str | None:
     """Declared values are compared after the same normalization as extracted ones."""
     if text is None:
         return None
     try:
-        if kind in ("param_default", "param_annotation", "return_annotation"):
+        if kind in (
+            DifferenceKind.PARAM_DEFAULT,
+            DifferenceKind.PARAM_ANNOTATION,
+            DifferenceKind.RETURN_ANNOTATION,
+        ):
             return ast.unparse(ast.parse(text, mode="eval"))
-        if kind in ("param_added", "param_removed"):
+        if kind in (DifferenceKind.PARAM_ADDED, DifferenceKind.PARAM_REMOVED):
             func = ast.parse(f"def f({text}): pass").body[0]
             assert isinstance(func, ast.FunctionDef)
             params = Signature.from_ast(func).params
@@ -172,7 +187,7 @@ def check_signature(
                     Kind.DELTA_INEXACT,
                     Severity.BLOCK,
                     symbol,
-                    f"delta {diff.kind} {diff.param or ''} declares upstream={declared.upstream!r} ours={declared.ours!r} "
+                    f"delta {diff.kind.value} {diff.param or ''} declares upstream={declared.upstream!r} ours={declared.ours!r} "
                     f"but the difference is upstream={diff.upstream!r} ours={diff.ours!r}; declare {diff.as_delta_call()}",
                     ours_at,
                     upstream_at,
@@ -187,7 +202,7 @@ def check_signature(
                     Kind.DELTA_UNUSED,
                     Severity.BLOCK,
                     symbol,
-                    f"delta {declared.kind} {declared.param or ''} explains no difference from upstream; remove it",
+                    f"delta {declared.kind.value} {declared.param or ''} explains no difference from upstream; remove it",
                     ours_at,
                     upstream_at,
                 )
@@ -198,13 +213,13 @@ def check_signature(
 def _describe(diff: Difference) -> str:
     p = f"parameter {diff.param!r}"
     return {
-        "param_added": f"{p} is not in upstream's signature",
-        "param_removed": f"{p} of upstream's signature is missing",
-        "param_renamed": f"parameter {diff.upstream!r} is called {diff.ours!r}",
-        "param_kind": f"{p} is {diff.ours} but {diff.upstream} upstream",
-        "param_order": f"parameters are ordered ({diff.ours}) but ({diff.upstream}) upstream",
-        "param_default": f"{p} defaults to {diff.ours} but to {diff.upstream} upstream",
-        "param_annotation": f"{p} is annotated {diff.ours} but {diff.upstream} upstream",
-        "return_annotation": f"the return annotation is {diff.ours} but {diff.upstream} upstream",
-        "decorators": f"decorators are {diff.ours} but {diff.upstream} upstream",
+        DifferenceKind.PARAM_ADDED: f"{p} is not in upstream's signature",
+        DifferenceKind.PARAM_REMOVED: f"{p} of upstream's signature is missing",
+        DifferenceKind.PARAM_RENAMED: f"parameter {diff.upstream!r} is called {diff.ours!r}",
+        DifferenceKind.PARAM_KIND: f"{p} is {diff.ours} but {diff.upstream} upstream",
+        DifferenceKind.PARAM_ORDER: f"parameters are ordered ({diff.ours}) but ({diff.upstream}) upstream",
+        DifferenceKind.PARAM_DEFAULT: f"{p} defaults to {diff.ours} but to {diff.upstream} upstream",
+        DifferenceKind.PARAM_ANNOTATION: f"{p} is annotated {diff.ours} but {diff.upstream} upstream",
+        DifferenceKind.RETURN_ANNOTATION: f"the return annotation is {diff.ours} but {diff.upstream} upstream",
+        DifferenceKind.DECORATORS: f"decorators are {diff.ours} but {diff.upstream} upstream",
     }[diff.kind]

@@ -49,9 +49,9 @@ class Pin:
     version: str
     #: distributions shipping the package's sources, tried in order
     distributions: tuple[Distribution, ...]
-    #: ``module:qualname`` of this package's run-time replacements of upstream names that AFD
-    #: takes as they are (vLLM-Ascend's FusedMoE factory); the runtime check reports them as info
-    replaces: tuple[str, ...] = ()
+    #: ``module:qualname`` of this package's run-time patches of upstream names that AFD takes as
+    #: they are (vLLM-Ascend's FusedMoE factory); the runtime check reports them as info
+    patches: tuple[str, ...] = ()
     #: further releases the overlay supports (``also_supported``), each generated and checked
     #: like the primary ``version``
     also_supported: tuple[str, ...] = ()
@@ -96,12 +96,12 @@ def load_pins(path: Path) -> dict[str, Pin]:
                     f"{path}: distribution {dist.get('name')!r} kind={dist.get('kind')!r}; allowed: wheel, sdist"
                 )
             dists.append(Distribution(dist["name"], dist["kind"]))
-        replaces = entry.get("replaces", [])
-        if not isinstance(replaces, list) or not all(
-            isinstance(r, str) and re.fullmatch(r"[\w.]+:[\w.]+", r) for r in replaces
+        patches = entry.get("patches", [])
+        if not isinstance(patches, list) or not all(
+            isinstance(r, str) and re.fullmatch(r"[\w.]+:[\w.]+", r) for r in patches
         ):
             raise SourceError(
-                f"{path}: {entry['package']} replaces={replaces!r}; allowed: a list of "
+                f"{path}: {entry['package']} patches={patches!r}; allowed: a list of "
                 "'module:qualname' strings"
             )
         also = entry.get("also_supported", [])
@@ -116,7 +116,7 @@ def load_pins(path: Path) -> dict[str, Pin]:
                 f"release versions such as '0.28.0', other than the primary {entry['version']!r}"
             )
         pins[entry["package"]] = Pin(
-            entry["package"], entry["version"], tuple(dists), tuple(replaces), tuple(also)
+            entry["package"], entry["version"], tuple(dists), tuple(patches), tuple(also)
         )
     return pins
 

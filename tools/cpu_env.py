@@ -76,7 +76,8 @@ if __name__ == "__main__" and not __package__:
 # after the script's hand-over above, which must run before these imports can
 from afd_models.generated_registry import registry_data  # noqa: E402
 from codegen.fetch import cache_root, fetch  # noqa: E402
-from tools.harness.cli import ToolParser, UsageError, guarded  # noqa: E402
+from codegen.findings import CommandParser  # noqa: E402
+from tools.harness.cli import UsageError, guarded  # noqa: E402
 
 #: The torch family of each supported vLLM release other than the primary, whose pins are
 #: pyproject's ``cpu`` extra (the extra documents ``pip install .[cpu]`` for the primary only).
@@ -386,7 +387,7 @@ def generated_release(project: Path) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ToolParser(prog="tools/cpu_env.py", description=(__doc__ or "").splitlines()[0])
+    parser = CommandParser(prog="tools/cpu_env.py", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("command", choices=["ensure", "path", "remove", "versions"])
     parser.add_argument("--project", type=Path, default=REPO_ROOT, help="checkout to install")
     parser.add_argument(

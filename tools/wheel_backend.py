@@ -122,7 +122,7 @@ READ_LOCK = (
 
 def _ship_lock(tree: Path, env: dict[str, str]) -> None:
     """Copy the generation's lock into the generated package, where the installed wheel's
-    freshness check reads it (``afd_models._freshness``). The copy's own registry reader names
+    freshness check reads it (``afd_models.freshness``). The copy's own registry reader names
     it, in a fresh interpreter run in the copy, as the generation ran."""
     done = subprocess.run(
         [sys.executable, "-c", READ_LOCK],

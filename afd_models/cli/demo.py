@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from afd_models.cli import serve
 from afd_models.cli.gloo_bench import measure
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
+from codegen.findings import CommandParser, ExitCode
 
 PROMPTS = [
     "Hello world, the license",
@@ -51,7 +51,7 @@ def throughput(server: serve.Server, max_tokens: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m afd_models.cli.demo", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if not args.keep_logs:
         shutil.rmtree(logs, ignore_errors=True)
-    return 0 if equal and compiled else 1
+    return ExitCode.CLEAN if equal and compiled else ExitCode.BLOCK
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ size is ``qk_nope_head_dim + qk_rope_head_dim`` and must be one CPU attention su
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from afd_models.cli.hf_config import (
     routed_experts,
     uses_mha,
 )
+from codegen.findings import CommandParser
 
 #: The config every variant starts from: DeepSeek-V2 style, 3 layers (1 dense + 2 MoE).
 BASE_CONFIG: dict[str, Any] = {
@@ -373,7 +373,7 @@ def write_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m afd_models.cli.tiny_models",
         description="Write a tiny random DeepSeek or Qwen3-MoE checkpoint (weights, config, local tokenizer).",
     )

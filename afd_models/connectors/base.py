@@ -1,4 +1,4 @@
-"""The connector contract between the two roles.
+"""The connector interface between the two roles.
 
 Attention side (what the remote proxies call, in forward order, once per remote layer)::
 

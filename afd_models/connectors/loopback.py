@@ -1,7 +1,7 @@
 """The in-process loopback connector: the FFN half of the model lives in the Attention worker.
 
 For tests, ``python -m afd_models.cli.verify`` and benchmarks: the same generated Attention model,
-proxies and connector contract as a real deployment, with the transport replaced by a direct
+proxies and connector interface as a real deployment, with the transport replaced by a direct
 call into an FFN-role model built in the same process (its own copy of the engine config, so the
 two models never share vLLM's per-config layer registry).
 """

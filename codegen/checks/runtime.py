@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from codegen.contracts import evaluate_source
 from codegen.findings import Finding, Kind, Location, Severity
+from codegen.lock import IMPORTS, SymbolEntry
 from codegen.markers import Contract
 from codegen.model import GeneratedClass, MemberKind, SymbolRef
 from codegen.pattern import PatternError
@@ -31,8 +32,6 @@ DOC_GLOBS = ("README.md", "docs/*.md")
 _DOTTED = re.compile(r"\bafd_models(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 #: the patch packages of a platform plugin, in the order vLLM-Ascend imports them at run time
 PATCH_MODULES = ("patch.platform", "patch.worker")
-#: lock roles of the upstream names our code imports: the overlay, the generated code, the runtime
-IMPORT_ROLES = frozenset({"overlay_import", "generated_import", "runtime_import"})
 
 
 class Platform(Protocol):
@@ -175,7 +174,7 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                 forked = (
                     member.upstream.qualname if member.upstream else f"{base.__qualname__}.{name}"
                 )
-                yield _replaced(
+                yield _patched(
                     f"{symbol}.{name}",
                     f"forked {forked}",
                     origin,
@@ -199,7 +198,7 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                 )
         for name in sorted(set(generated.overlay.relies_on) & set(generated.inherited)):
             if origin := foreign_code(base, name):
-                yield _relied_on_replaced(
+                yield _relied_on_patched(
                     f"{symbol}.{name}",
                     generated.inherited[name].qualname,
                     getattr(base, name),
@@ -209,7 +208,7 @@ def check_classes(classes: list[GeneratedClass]) -> Iterator[Finding]:
                 )
 
 
-def _relied_on_replaced(
+def _relied_on_patched(
     symbol: str,
     qualname: str,
     live: Any,
@@ -217,53 +216,54 @@ def _relied_on_replaced(
     origin: str,
     where: Location,
 ) -> Finding:
-    """A relied-on method a platform plugin replaced: its contracts are evaluated on the
-    replacement's own source. All holding is info (AFD relies on the same facts there); a broken
-    one, or a replacement without source, blocks."""
+    """A relied-on method a platform plugin patched: its contracts are evaluated on the patch's
+    own source. All holding is info (AFD relies on the same facts there); a broken one, or a
+    patch without source, blocks."""
     try:
         matches = evaluate_source(inspect.getsource(inspect.unwrap(live)), contracts)
     except (OSError, TypeError, PatternError) as exc:
-        return _replaced(
+        return _patched(
             symbol,
             f"relied-on {qualname}",
             origin,
-            f"AFD's contracts could not be evaluated on the replacement ({exc})",
+            f"AFD's contracts could not be evaluated on the patch ({exc})",
             where,
         )
     broken = [m.contract for m in matches if len(m.lines) != m.contract.count]
     if broken:
-        return _replaced(
+        return _patched(
             symbol,
             f"relied-on {qualname}",
             origin,
-            "contracts broken in the replacement: "
+            "contracts broken in the patch: "
             + "; ".join(f"{c.id} ({c.if_broken})" for c in broken),
             where,
         )
     return Finding(
-        Kind.RUNTIME_REPLACED,
+        Kind.RUNTIME_PATCHED,
         Severity.INFO,
         symbol,
-        f"relied-on {qualname} is replaced by {_module_of(origin)}; every contract holds in the "
-        f"replacement ({', '.join(m.contract.id for m in matches)})",
+        f"relied-on {qualname} is patched by {_module_of(origin)}; every contract holds in the "
+        f"patch ({', '.join(m.contract.id for m in matches)})",
         where,
         details=(f"live code: {origin}",),
     )
 
 
 def check_imports(
-    symbols: Mapping[str, Mapping[str, Any]], accepted: frozenset[str] = frozenset()
+    symbols: Mapping[str, SymbolEntry], accepted: frozenset[str] = frozenset()
 ) -> Iterator[Finding]:
     """Upstream names our code imports whose live object is code from another package.
 
     Parameters:
-        symbols: the lock's ``symbols`` (``module:name`` -> entry with ``roles`` and ``used_by``);
-            those with an :data:`IMPORT_ROLES` role are checked.
-        accepted: ``module:qualname`` of replacements a platform plugin makes on purpose and AFD
-            takes as they are (a pin's ``replaces`` in overlay/pins.toml): reported as info.
+        symbols: the lock's ``symbols`` (``module:name`` -> entry); those with a use in
+            :data:`codegen.lock.IMPORTS` (imported by the overlay, generated code or runtime)
+            are checked.
+        accepted: ``module:qualname`` of patches a platform plugin makes on purpose and AFD
+            takes as they are (a pin's ``patches`` in overlay/pins.toml): reported as info.
     """
     for key, entry in sorted(symbols.items()):
-        if not IMPORT_ROLES.intersection(entry.get("roles", ())):
+        if not entry.uses & IMPORTS:
             continue
         ref = SymbolRef.parse(key)
         try:
@@ -272,19 +272,19 @@ def check_imports(
             yield _failure(Kind.RUNTIME_IMPORT, key, exc, None)
             continue
         if origin := foreign_object(obj, ref.module):
-            users = ", ".join(entry.get("used_by", ())) or "?"
-            replacement = f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', '?')}"
-            if replacement in accepted:
+            users = ", ".join(entry.used_by) or "?"
+            patch = f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', '?')}"
+            if patch in accepted:
                 yield Finding(
-                    Kind.RUNTIME_REPLACED,
+                    Kind.RUNTIME_PATCHED,
                     Severity.INFO,
                     key,
-                    f"imported {ref.qualname} is {replacement}, a replacement overlay/pins.toml "
+                    f"imported {ref.qualname} is {patch}, a patch overlay/pins.toml "
                     f"accepts: AFD ({users}) uses it as upstream code would",
                     None,
                 )
                 continue
-            yield _replaced(
+            yield _patched(
                 key,
                 f"imported {ref.qualname}",
                 origin,
@@ -293,12 +293,12 @@ def check_imports(
             )
 
 
-def _replaced(symbol: str, what: str, origin: str, missed: str, where: Location | None) -> Finding:
+def _patched(symbol: str, what: str, origin: str, missed: str, where: Location | None) -> Finding:
     return Finding(
-        Kind.RUNTIME_REPLACED,
+        Kind.RUNTIME_PATCHED,
         Severity.BLOCK,
         symbol,
-        f"{what} is replaced by {_module_of(origin)}: {missed}",
+        f"{what} is patched by {_module_of(origin)}: {missed}",
         where,
         details=(f"live code: {origin}",),
     )

@@ -34,7 +34,7 @@ from codegen.checks.runtime import (
 )
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import Generation
-from codegen.lock import lock_diff, render_lock
+from codegen.lock import LockFormatError, lock_diff, read_lock, render_lock
 from codegen.pipeline import generate, open_context, pinned_hash_findings
 from codegen.sources import Pin, SourceError, installed_version
 
@@ -44,6 +44,7 @@ Progress = Callable[[str], None]
 def compare_lock(repo_root: Path, generation: Generation) -> list[Finding]:
     relative = generation.lock_path
     path = repo_root / relative
+    assert generation.lock is not None, "a blocked generation has no lock to compare"
     fresh = render_lock(generation.lock)
     if not path.exists():
         return [
@@ -57,12 +58,17 @@ def compare_lock(repo_root: Path, generation: Generation) -> list[Finding]:
     committed = path.read_text()
     if committed == fresh:
         return []
+    try:
+        read_lock(path, str(relative))
+        message = "differs from a regeneration; run `nox -s regenerate`, review the diff and commit the lock"
+    except LockFormatError as exc:
+        message = str(exc).removeprefix(f"{relative} ")
     return [
         Finding(
             Kind.LOCK_DIFFERS,
             Severity.BLOCK,
             str(relative),
-            "differs from a regeneration; run `nox -s regenerate`, review the diff and commit the lock",
+            message,
             Location(str(relative)),
             details=tuple(lock_diff(committed, fresh)),
         )
@@ -138,16 +144,13 @@ def runtime_findings(
         registered[plugin.registrations()[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
     # a pinned package that is not installed (vLLM-Ascend off an Ascend host) cannot be imported:
     # what was generated against it is checked statically only, and said so once per package
+    assert generation.lock is not None, "the live checks run on an unblocked generation"
     absent = frozenset(
-        package
-        for package in generation.lock["upstream"]
-        if importlib.util.find_spec(package) is None
+        package for package in generation.lock.upstream if importlib.util.find_spec(package) is None
     )
     classes = [c for c in generation.classes if _package(c.base.module) not in absent]
     symbols = {
-        key: entry
-        for key, entry in generation.lock["symbols"].items()
-        if _package(key) not in absent
+        key: entry for key, entry in generation.lock.symbols.items() if _package(key) not in absent
     }
     findings = [
         Finding(
@@ -162,7 +165,7 @@ def runtime_findings(
         for package in sorted(absent)
     ]
     findings.extend(check_classes(classes))
-    accepted = frozenset(r for pin in pins.values() for r in pin.replaces)
+    accepted = frozenset(r for pin in pins.values() for r in pin.patches)
     findings.extend(check_imports(symbols, accepted))
     findings.extend(check_paths(classes, registered, documented_paths(repo_root), absent))
     return findings
@@ -198,7 +201,9 @@ def run_checks(
     progress(f"checking against {origins}")
     generation, index = generate(context)
     findings = list(generation.findings)
-    if not generation.lock:  # generate() stopped at a blocking finding, before the pinned hashes
+    if (
+        generation.lock is None
+    ):  # generate() stopped at a blocking finding, before the pinned hashes
         findings.extend(pinned_hash_findings(context, index))
     if tag:
         findings = [

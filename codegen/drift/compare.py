@@ -4,7 +4,6 @@ contracts), and the rule that lowers a lost import no rebased body uses any more
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from codegen.drift.contracts import contract_findings
 from codegen.drift.forks import NewBodies, fork_findings
@@ -12,6 +11,7 @@ from codegen.drift.renames import find_renames
 from codegen.drift.sides import Side
 from codegen.drift.symbols import Declared, symbol_findings
 from codegen.findings import Finding, Kind, Severity
+from codegen.lock import Lock, SymbolUse
 from codegen.markers import Edit
 
 #: findings of a lost upstream symbol
@@ -19,19 +19,21 @@ _LOSS = (Kind.DRIFT_REMOVED, Kind.DRIFT_MOVED, Kind.DRIFT_RENAMED, Kind.DRIFT_KI
 
 
 def _unused_on_new(
-    finding: Finding, lock: dict[str, Any], bodies: NewBodies, own: frozenset[str] | None
+    finding: Finding, lock: Lock, bodies: NewBodies, own: frozenset[str] | None
 ) -> Finding:
     """A lost name that generated code imported only for forked bodies, and that none uses once
     the overlay's edits for the new release applied (per-release alternatives replaced it), is
     info. ``own``: the names AFD's own members (overrides, extends) use, the same on every
     release; None when unknown (nothing is lowered)."""
-    entry = lock.get("symbols", {}).get(finding.symbol, {})
+    entry = lock.symbols.get(finding.symbol)
+    if entry is None:
+        return finding
     # the names the generated modules bind it to (``module:NAME``)
-    local = {user.rsplit(":", 1)[-1].split(".")[0] for user in entry.get("used_by", [])}
+    local = {user.rsplit(":", 1)[-1].split(".")[0] for user in entry.used_by}
     if (
         finding.kind not in _LOSS
         or finding.severity is Severity.INFO
-        or entry.get("roles") != ["generated_import"]
+        or entry.uses != {SymbolUse.IMPORTED_BY_GENERATED}
         or own is None
         or not bodies.complete
         or not local
@@ -47,7 +49,7 @@ def _unused_on_new(
 
 
 def compare(
-    lock: dict[str, Any],
+    lock: Lock,
     overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
     old: Side,
     new: Side,
@@ -76,12 +78,12 @@ def compare(
     return findings + forks + list(contract_findings(lock, old, new))
 
 
-def _restricted(lock: dict[str, Any], files: set[str]) -> dict[str, Any]:
+def _restricted(lock: Lock, files: set[str]) -> Lock:
     """The lock cut down to the symbols (and classes whose base) defined in ``files``."""
-    symbols = {k: v for k, v in lock.get("symbols", {}).items() if v.get("file") in files}
+    symbols = {k: v for k, v in lock.symbols.items() if v.description.file in files}
     classes = {
         k: v
-        for k, v in lock.get("classes", {}).items()
-        if lock.get("symbols", {}).get(v["base"], {}).get("file") in files
+        for k, v in lock.classes.items()
+        if (base := lock.symbols.get(v.base)) is not None and base.description.file in files
     }
-    return {**lock, "symbols": symbols, "classes": classes}
+    return replace(lock, symbols=symbols, classes=classes)

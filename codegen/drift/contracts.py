@@ -3,56 +3,60 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from codegen.contracts import evaluate
 from codegen.drift.sides import Side, body_diff
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member
+from codegen.lock import ClassEntry, ContractEntry, Lock
 from codegen.markers import Contract
 from codegen.model import SymbolRef
 from codegen.pattern import PatternError
 
 
-def contract_ids(lock: dict[str, Any]) -> dict[str, set[str]]:
+def contract_ids(lock: Lock) -> dict[str, set[str]]:
     """Relied-on upstream method -> the ids of the contracts overlays state on it."""
     ids: dict[str, set[str]] = {}
-    for entry in lock.get("classes", {}).values():
-        for name, contracts in (entry.get("relies_on") or {}).items():
+    for entry in lock.classes.values():
+        for name, contracts in entry.relies_on.items():
             key = relied_ref(entry, name)
-            if key is not None and isinstance(contracts, dict):
+            if key is not None:
                 ids.setdefault(key, set()).update(contracts)
     return ids
 
 
-def relied_ref(entry: dict[str, Any], name: str) -> str | None:
+def relied_ref(entry: ClassEntry, name: str) -> str | None:
     """The upstream method a generated class relies on by ``name``: inherited, or run by its
     override's ``super()`` call."""
-    inherited: str | None = entry["inherited"].get(name)
+    inherited = entry.inherited.get(name)
     if inherited is not None:
         return inherited
-    upstream: str | None = entry["members"].get(name, {}).get("upstream")
-    return upstream
+    member = entry.members.get(name)
+    return member.upstream if member is not None else None
 
 
-def contract_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Finding]:
+def contract_findings(lock: Lock, old: Side, new: Side) -> Iterator[Finding]:
     """Each contract of a relied-on method whose body changed, evaluated on the new body."""
     relied_by: dict[tuple[str, str], list[str]] = {}
-    checks: dict[tuple[str, str], tuple[Member, Contract, dict[str, Any]]] = {}
-    for class_key, entry in lock.get("classes", {}).items():
-        base = SymbolRef.parse(entry["base"])
-        for name, contracts in (entry.get("relies_on") or {}).items():
+    checks: dict[tuple[str, str], tuple[Member, Contract, ContractEntry]] = {}
+    for class_key, entry in lock.classes.items():
+        base = SymbolRef.parse(entry.base)
+        for name, contracts in entry.relies_on.items():
             key = relied_ref(entry, name)
-            if key is None or not isinstance(contracts, dict):
-                continue  # a lock older than contracts states none
+            if key is None:
+                continue
             target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
             if target is None or not target.is_method:
                 continue  # the removal is symbol_findings' to report
-            if target.fingerprint() == lock["symbols"].get(key, {}).get("body"):
+            recorded_symbol = lock.symbols.get(key)
+            if (
+                recorded_symbol is not None
+                and target.fingerprint() == recorded_symbol.description.body
+            ):
                 continue
             for contract_id, recorded in sorted(contracts.items()):
                 contract = Contract(
-                    recorded["pattern"], contract_id, recorded["if_broken"], recorded["count"]
+                    recorded.pattern, contract_id, recorded.if_broken, recorded.count
                 )
                 checks[(key, contract_id)] = (target, contract, recorded)
                 relied_by.setdefault((key, contract_id), []).append(class_key.split(":")[-1])
@@ -67,10 +71,10 @@ def contract_findings(lock: dict[str, Any], old: Side, new: Side) -> Iterator[Fi
         if found == contract.count:
             continue
         where = Location(str(target.module.path), match.lines[0] if match.lines else target.line)
-        pinned_at = ", ".join(str(line) for line in recorded.get("lines", []))
+        pinned_at = ", ".join(str(line) for line in recorded.lines)
         details = (
             f"contract: {contract.pattern.strip()}",
-            f"held in {old.version} at line(s) {pinned_at}: {' | '.join(recorded.get('matched', []))}",
+            f"held in {old.version} at line(s) {pinned_at}: {' | '.join(recorded.matched)}",
             *body_diff(
                 old.source(SymbolRef.parse(key)),
                 target.source(),

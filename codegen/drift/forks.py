@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import libcst as cst
 
@@ -16,8 +15,9 @@ from codegen.edit import EditError
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.fork import FailedFork, ForkStage, apply_fork
 from codegen.index import Member, same_behaviour
+from codegen.lock import Lock, MemberEntry
 from codegen.markers import Edit
-from codegen.model import SymbolRef
+from codegen.model import MemberKind, SymbolRef
 from codegen.names import global_names
 from codegen.releases import applicable
 
@@ -33,7 +33,7 @@ class NewBodies:
 
 
 def fork_findings(
-    lock: dict[str, Any],
+    lock: Lock,
     overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
     old: Side,
     new: Side,
@@ -48,11 +48,11 @@ def fork_findings(
     the global names the rebased bodies use.
     """
     bodies = NewBodies() if bodies is None else bodies
-    for class_key, entry in lock.get("classes", {}).items():
-        base = SymbolRef.parse(entry["base"])
-        for name, member in entry.get("members", {}).items():
+    for class_key, entry in lock.classes.items():
+        base = SymbolRef.parse(entry.base)
+        for name, member in entry.members.items():
             symbol = f"{class_key}.{name}"
-            if member["kind"] in ("extend", "extend_attr"):
+            if member.kind in (MemberKind.EXTEND, MemberKind.EXTEND_ATTR):
                 found = (
                     new.index.all_members(base).get(name)
                     if new.index.is_indexed_class(base)
@@ -67,7 +67,7 @@ def fork_findings(
                         target=Location(str(found.module.path), found.line),
                     )
                 continue
-            if member["kind"] != "fork":
+            if member.kind is not MemberKind.FORK:
                 continue
             edits = overlay_edits.get((class_key, name))
             try:
@@ -93,13 +93,13 @@ def fork_findings(
                 )
         if new.index.is_indexed_class(base):
             mro = [str(c) for c in new.index.mro(base)]
-            if mro != entry.get("mro"):
+            if mro != list(entry.base_mro):
                 yield Finding(
                     Kind.DRIFT_MRO,
                     Severity.REVIEW,
                     class_key,
                     "the upstream MRO under this class changed",
-                    old=" -> ".join(entry.get("mro", [])),
+                    old=" -> ".join(entry.base_mro),
                     new=" -> ".join(mro),
                 )
 
@@ -108,7 +108,7 @@ def _rebase(
     symbol: str,
     base: SymbolRef,
     name: str,
-    member: dict[str, Any],
+    member: MemberEntry,
     edits: tuple[Edit, ...] | None,
     old: Side,
     new: Side,
@@ -158,19 +158,15 @@ def _rebase(
     for anchor in fork.anchors:
         # an alternative written for the new release anchors on code the old lock never saw
         edit, matched = anchor.edit, list(anchor.matched)
-        recorded = member.get("anchors", {}).get(edit.id, {}) if edit in old_edits else {}
-        if (
-            recorded
-            and recorded.get("matched")
-            and len(matched) == len(recorded["matched"])
-            and matched != recorded["matched"]
-        ):
-            changed_regions.append((edit.id, recorded["matched"], matched))
+        recorded = (member.anchors or {}).get(edit.id) if edit in old_edits else None
+        before = list(recorded.matched) if recorded is not None else []
+        if before and len(matched) == len(before) and matched != before:
+            changed_regions.append((edit.id, before, matched))
     old_target = old.index.find_member(base, name)
     diff = body_diff(
         old_target.source() if old_target else "",
         target.source(),
-        f"{member['upstream']} ({old.version})",
+        f"{member.upstream} ({old.version})",
         f"({new.version})",
     )
     if changed_regions:

@@ -9,14 +9,14 @@ import copy
 import difflib
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 from codegen.drift.sides import Side
 from codegen.edit import EditError, ParsedMethod, anchor_lines, apply_edits
 from codegen.findings import Kind, Location
 from codegen.index import Member, ModuleInfo, same_behaviour
-from codegen.lock import describe_symbol
-from codegen.markers import Edit
+from codegen.lock import Lock, SymbolDescription, SymbolKind
+from codegen.lock_build import describe_symbol
+from codegen.markers import DifferenceKind, Edit
 from codegen.model import Signature, SymbolRef
 from codegen.pattern import PatternError, parse_pattern
 from codegen.signatures import differences
@@ -41,14 +41,14 @@ class Rename:
 RENAME_SIMILARITY = 0.9
 
 
-def find_renames(lock: dict[str, Any], old: Side, new: Side) -> dict[str, Rename]:
+def find_renames(lock: Lock, old: Side, new: Side) -> dict[str, Rename]:
     """Removed module-level functions and classes of the lock whose successor is in the same module."""
     renames = {}
-    for key, entry in lock.get("symbols", {}).items():
+    for key, entry in lock.symbols.items():
         ref = SymbolRef.parse(key)
-        if entry.get("kind") not in ("function", "class") or "." in ref.qualname:
+        if entry.kind not in (SymbolKind.FUNCTION, SymbolKind.CLASS) or "." in ref.qualname:
             continue
-        if describe_symbol(new.index, ref)["kind"] != "missing":
+        if describe_symbol(new.index, ref).kind is not SymbolKind.MISSING:
             continue
         rename = _successor(ref, old, new)
         if rename is not None:
@@ -96,7 +96,11 @@ def _successor(ref: SymbolRef, old: Side, new: Side) -> Rename | None:
 def _compatible_change(old: Signature, new: Signature) -> str | None:
     """How ``new`` differs from ``old`` if every old call still works with it, else None."""
     changed = differences(old, new)
-    added = [d.param for d in changed if d.kind == "param_added" and d.ours and "=" in d.ours]
+    added = [
+        d.param
+        for d in changed
+        if d.kind is DifferenceKind.PARAM_ADDED and d.ours and "=" in d.ours
+    ]
     if len(added) != len(changed):
         return None
     if not added:
@@ -104,7 +108,7 @@ def _compatible_change(old: Signature, new: Signature) -> str | None:
     return f"{len(added)} new optional parameter(s): {', '.join(str(a) for a in added)}"
 
 
-def relocated(side: Side, ref: SymbolRef, old_entry: dict[str, Any]) -> tuple[Kind, str] | None:
+def relocated(side: Side, ref: SymbolRef, old_entry: SymbolDescription) -> tuple[Kind, str] | None:
     """Where a vanished symbol went: a same-named definition elsewhere, or a method with the same body."""
     owner, _, member = ref.qualname.partition(".")
     if member:
@@ -113,8 +117,8 @@ def relocated(side: Side, ref: SymbolRef, old_entry: dict[str, Any]) -> tuple[Ki
             for name, candidate in side.index.all_members(cls).items():
                 if (
                     candidate.is_method
-                    and old_entry.get("body")
-                    and candidate.fingerprint() == old_entry["body"]
+                    and old_entry.body
+                    and candidate.fingerprint() == old_entry.body
                 ):
                     return Kind.DRIFT_RENAMED, f"{cls.module}:{cls.qualname}.{name}"
         return None

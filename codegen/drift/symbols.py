@@ -1,91 +1,71 @@
 """Per recorded symbol: removed, moved, renamed, another kind, a new signature, a new body; the
-severity follows the symbol's roles in the lock (what AFD does with it)."""
+severity follows the symbol's uses in the lock (what AFD does with it)."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 from codegen.drift.contracts import contract_ids
 from codegen.drift.renames import Rename, relocated
 from codegen.drift.sides import Side, body_diff
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import same_behaviour
-from codegen.lock import describe_symbol
-from codegen.markers import Delta
+from codegen.lock import IMPORTS, OVERRIDES, Lock, SymbolEntry, SymbolKind, SymbolUse
+from codegen.lock_build import describe_symbol
+from codegen.markers import Delta, DifferenceKind
 from codegen.model import ParamKind, Signature, SymbolRef
 from codegen.releases import applicable
 from codegen.signatures import check_signature, differences
 
-#: roles whose symbol disappearing or changing signature breaks generation
-_BREAKING_ROLES = {
-    "base",
-    "fork",
-    "override",
-    "extended",
-    "replaced",
-    "override_attr",
-    "overlay_import",
-    "generated_import",
-    "runtime_import",
-    "runtime_field",
+Uses = frozenset[SymbolUse]
+
+#: uses whose symbol changing signature breaks generation
+_BREAKING_CHANGE = frozenset(
+    {
+        SymbolUse.BASE,
+        SymbolUse.FORKED,
+        SymbolUse.OVERRIDE_CALLING_SUPER,
+        SymbolUse.OVERRIDE_NOT_CALLING_SUPER,
+        SymbolUse.ATTRIBUTE_OVERRIDE,
+    }
+)
+#: uses whose symbol disappearing breaks generation (or the runtime)
+_BREAKING_LOSS = _BREAKING_CHANGE | IMPORTS | {SymbolUse.READ_BY_RUNTIME}
+#: uses whose symbol changing signature needs a look
+_REVIEWED_CHANGE = IMPORTS | {
+    SymbolUse.INHERITED_RELIED_ON,
+    SymbolUse.READ_BY_RUNTIME,
+    SymbolUse.BASE_ANCESTOR,
 }
 
 
 _SIGNATURE_KINDS = {
-    "param_added": Kind.DRIFT_PARAM_ADDED,
-    "param_removed": Kind.DRIFT_PARAM_REMOVED,
-    "param_renamed": Kind.DRIFT_PARAM_RENAMED,
-    "param_kind": Kind.DRIFT_PARAM_KIND,
-    "param_order": Kind.DRIFT_PARAM_ORDER,
-    "param_default": Kind.DRIFT_PARAM_DEFAULT,
-    "param_annotation": Kind.DRIFT_PARAM_ANNOTATION,
-    "return_annotation": Kind.DRIFT_RETURN_ANNOTATION,
-    "decorators": Kind.DRIFT_DECORATORS,
+    DifferenceKind.PARAM_ADDED: Kind.DRIFT_PARAM_ADDED,
+    DifferenceKind.PARAM_REMOVED: Kind.DRIFT_PARAM_REMOVED,
+    DifferenceKind.PARAM_RENAMED: Kind.DRIFT_PARAM_RENAMED,
+    DifferenceKind.PARAM_KIND: Kind.DRIFT_PARAM_KIND,
+    DifferenceKind.PARAM_ORDER: Kind.DRIFT_PARAM_ORDER,
+    DifferenceKind.PARAM_DEFAULT: Kind.DRIFT_PARAM_DEFAULT,
+    DifferenceKind.PARAM_ANNOTATION: Kind.DRIFT_PARAM_ANNOTATION,
+    DifferenceKind.RETURN_ANNOTATION: Kind.DRIFT_RETURN_ANNOTATION,
+    DifferenceKind.DECORATORS: Kind.DRIFT_DECORATORS,
 }
 
 
-def _severity_for_loss(roles: set[str]) -> Severity:
+def _severity_for_loss(uses: Uses) -> Severity:
     """A symbol gone, renamed or turned into another kind: it blocks whatever uses it directly."""
-    if roles & (_BREAKING_ROLES | {"relied_on"}):
+    if uses & (_BREAKING_LOSS | {SymbolUse.INHERITED_RELIED_ON}):
         return Severity.BLOCK
-    return _severity_for_change(roles)
+    return _severity_for_change(uses)
 
 
-def _severity_for_change(roles: set[str]) -> Severity:
-    if roles & _BREAKING_ROLES - {
-        "overlay_import",
-        "generated_import",
-        "runtime_import",
-        "runtime_field",
-    }:
+def _severity_for_change(uses: Uses) -> Severity:
+    if uses & _BREAKING_CHANGE:
         return Severity.BLOCK
-    if roles & {
-        "relied_on",
-        "overlay_import",
-        "generated_import",
-        "runtime_import",
-        "runtime_field",
-        "mro",
-    }:
+    if uses & _REVIEWED_CHANGE:
         return Severity.REVIEW
     return Severity.INFO
-
-
-def override_roles(lock: dict[str, Any]) -> dict[str, str]:
-    """How our overrides use each upstream method they override.
-
-    ``extended``: every override calls ``super()``, so upstream's body still runs inside ours;
-    ``replaced``: none does, so only the signature matters; ``override``: some do.
-    """
-    calls: dict[str, set[bool]] = {}
-    for entry in lock.get("classes", {}).values():
-        for member in entry.get("members", {}).values():
-            if member["kind"] == "override" and "upstream" in member:
-                calls.setdefault(member["upstream"], set()).add(bool(member.get("calls_super")))
-    named = {frozenset({True}): "extended", frozenset({False}): "replaced"}
-    return {ref: named.get(frozenset(seen), "override") for ref, seen in calls.items()}
 
 
 #: generated member (``module:Class.member``) -> the overlay's signature and the deltas declared
@@ -94,7 +74,7 @@ Declared = Mapping[str, tuple[Signature, tuple[Delta, ...]]]
 
 
 def symbol_findings(
-    lock: dict[str, Any],
+    lock: Lock,
     old: Side,
     new: Side,
     renames: dict[str, Rename] | None = None,
@@ -108,21 +88,17 @@ def symbol_findings(
     (the overlay's signatures) makes a signature change the overlay already declares for the new
     release info.
     """
-    overrides = override_roles(lock)
     contracts = contract_ids(lock)
-    for key, entry in lock.get("symbols", {}).items():
+    for key, entry in lock.symbols.items():
         ref = SymbolRef.parse(key)
-        roles = set(entry.get("roles", []))
-        if key in overrides:
-            roles = (roles - {"override"}) | {overrides[key]}
-        users = ", ".join(entry.get("used_by", [])[:3])
+        users = ", ".join(entry.used_by[:3])
         rename = (renames or {}).get(key)
         try:
             if rename is not None:
-                yield _renamed(rename, roles, users, old, (sites or {}).get(key, []))
+                yield _renamed(rename, entry.uses, users, old, (sites or {}).get(key, []))
             else:
                 yield from _one_symbol(
-                    ref, entry, roles, users, old, new, sorted(contracts.get(key, ())), declared
+                    ref, entry, users, old, new, sorted(contracts.get(key, ())), declared
                 )
         except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
             yield Finding(
@@ -133,8 +109,8 @@ def symbol_findings(
             )
 
 
-def _renamed(rename: Rename, roles: set[str], users: str, old: Side, sites: list[str]) -> Finding:
-    severity = _severity_for_loss(roles)
+def _renamed(rename: Rename, uses: Uses, users: str, old: Side, sites: list[str]) -> Finding:
+    severity = _severity_for_loss(uses)
     count = sum(not line.startswith(" ") for line in sites)
     fix = (
         f"; {count} forked call site(s) re-anchor as proposed in the details"
@@ -156,8 +132,7 @@ def _renamed(rename: Rename, roles: set[str], users: str, old: Side, sites: list
 
 def _one_symbol(
     ref: SymbolRef,
-    entry: dict[str, Any],
-    roles: set[str],
+    entry: SymbolEntry,
     users: str,
     old: Side,
     new: Side,
@@ -165,14 +140,16 @@ def _one_symbol(
     declared: Declared | None = None,
 ) -> Iterator[Finding]:
     key = str(ref)
-    if entry.get("kind") == "external":
+    uses = entry.uses
+    recorded = entry.description
+    if recorded.kind is SymbolKind.EXTERNAL:
         return
     current = describe_symbol(new.index, ref)
     before = old.location(ref)
     after = new.location(ref)
-    if current["kind"] in ("missing", "external"):
-        moved = relocated(new, ref, entry)
-        severity = _severity_for_loss(roles)
+    if current.kind in (SymbolKind.MISSING, SymbolKind.EXTERNAL):
+        moved = relocated(new, ref, recorded)
+        severity = _severity_for_loss(uses)
         if moved is not None:
             kind, where = moved
             yield Finding(
@@ -194,37 +171,34 @@ def _one_symbol(
                 old=key,
             )
         return
-    if current["kind"] != entry.get("kind"):
-        severity = _severity_for_loss(roles)
+    if current.kind is not recorded.kind:
+        severity = _severity_for_loss(uses)
         yield Finding(
             Kind.DRIFT_KIND,
             severity,
             key,
-            f"was a {entry.get('kind')}, is a {current['kind']}",
+            f"was a {recorded.kind.value}, is a {current.kind.value}",
             upstream=before,
             target=after,
-            old=entry.get("kind"),
-            new=current["kind"],
+            old=recorded.kind.value,
+            new=current.kind.value,
         )
         return
-    handled = _declared_for(entry.get("used_by", []), new, ref, declared or {})
-    yield from _signature_changes(ref, roles, users, old, new, before, after, handled)
-    if entry.get("kind") == "class" and entry.get("bases") != current.get("bases"):
+    handled = _declared_for(entry.used_by, new, ref, declared or {})
+    yield from _signature_changes(ref, uses, users, old, new, before, after, handled)
+    if recorded.kind is SymbolKind.CLASS and recorded.bases != current.bases:
         yield Finding(
             Kind.DRIFT_BASES,
-            Severity.REVIEW if roles - {"mro"} else Severity.INFO,
+            Severity.REVIEW if uses - {SymbolUse.BASE_ANCESTOR} else Severity.INFO,
             key,
             "changed its bases",
             upstream=before,
             target=after,
-            old=", ".join(entry.get("bases", [])),
-            new=", ".join(current.get("bases", [])),
+            old=", ".join(recorded.bases or ()),
+            new=", ".join(current.bases or ()),
         )
-    old_body, new_body = (
-        entry.get("body") or entry.get("value"),
-        current.get("body") or current.get("value"),
-    )
-    if old_body is None or old_body == new_body or "fork" in roles:
+    old_body, new_body = (recorded.body or recorded.value, current.body or current.value)
+    if old_body is None or old_body == new_body or SymbolUse.FORKED in uses:
         return  # forks are re-based edit by edit in fork_findings
     diff = body_diff(
         old.source(ref),
@@ -232,8 +206,8 @@ def _one_symbol(
         f"{key} ({old.version})",
         f"{key} ({new.version})",
     )
-    inherited = bool(roles & {"relied_on", "inherited"})
-    overridden = bool(roles & {"override", "override_attr", "replaced", "extended"})
+    inherited = bool(uses & {SymbolUse.INHERITED_RELIED_ON, SymbolUse.INHERITED})
+    overridden = bool(uses & OVERRIDES)
     kind = Kind.DRIFT_INHERITED_BODY if inherited and not overridden else Kind.DRIFT_BODY
     old_node, new_node = old.node(ref), new.node(ref)
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -245,19 +219,21 @@ def _one_symbol(
         message = "only formatting, comments, docstrings or bare annotations changed"
         yield Finding(kind, Severity.INFO, key, f"{message} (used by {users})", before, after)
         return
-    if "override" in roles or "override_attr" in roles:
+    calling = SymbolUse.OVERRIDE_CALLING_SUPER in uses
+    not_calling = SymbolUse.OVERRIDE_NOT_CALLING_SUPER in uses
+    if (calling and not_calling) or SymbolUse.ATTRIBUTE_OVERRIDE in uses:
         severity = Severity.REVIEW
         message = "upstream changed the body our override replaces; check ours still fits"
-    elif "replaced" in roles:
+    elif not_calling:
         severity = Severity.INFO
         message = "body changed; our overrides replace it and never call super(), so only its signature matters"
-    elif "extended" in roles:
+    elif calling:
         severity = Severity.INFO
         message = "body changed; our overrides call super(), so the change reaches us"
-    elif "relied_on" in roles and contract_ids:
+    elif SymbolUse.INHERITED_RELIED_ON in uses and contract_ids:
         severity = Severity.INFO
         message = f"body changed (AFD relies on it; its contracts {', '.join(contract_ids)} are evaluated separately, DRF070/DRF071 when broken)"
-    elif "relied_on" in roles:
+    elif SymbolUse.INHERITED_RELIED_ON in uses:
         severity = Severity.REVIEW
         message = "body changed (AFD relies on it; no contract states how)"
     elif inherited:
@@ -277,18 +253,17 @@ def _one_symbol(
     )
 
 
-def is_callee(roles: set[str]) -> bool:
+def is_callee(uses: Uses) -> bool:
     """Whether the lock records a symbol only as something AFD's code calls (imported by
-    generated, overlay or runtime code), never forked, overridden or extended: its signature
-    changes are one callee finding (DRF022) naming the call sites."""
-    return bool(roles & {"generated_import", "overlay_import", "runtime_import"}) and not (
-        roles & {"fork", "override", "extended", "replaced"}
-    )
+    generated, overlay or runtime code), never forked or overridden: its signature changes are
+    one callee finding (DRF022) naming the call sites."""
+    overridden = {SymbolUse.OVERRIDE_CALLING_SUPER, SymbolUse.OVERRIDE_NOT_CALLING_SUPER}
+    return bool(uses & IMPORTS) and not uses & (overridden | {SymbolUse.FORKED})
 
 
 def _signature_changes(
     ref: SymbolRef,
-    roles: set[str],
+    uses: Uses,
     users: str,
     old: Side,
     new: Side,
@@ -302,14 +277,14 @@ def _signature_changes(
     changed = differences(old_sig, new_sig)
     if not changed:
         return
-    callee = is_callee(roles)
-    reordered = any(diff.kind == "param_order" for diff in changed)
+    callee = is_callee(uses)
+    reordered = any(diff.kind is DifferenceKind.PARAM_ORDER for diff in changed)
     for diff in changed:
         kind = Kind.DRIFT_CALLEE_SIGNATURE if callee else _SIGNATURE_KINDS[diff.kind]
-        severity = Severity.REVIEW if callee else _severity_for_change(roles)
+        severity = Severity.REVIEW if callee else _severity_for_change(uses)
         if (
             callee
-            and diff.kind == "param_added"
+            and diff.kind is DifferenceKind.PARAM_ADDED
             and not reordered
             and _binds_old_calls(old_sig, new_sig, diff.param)
         ):
@@ -320,7 +295,7 @@ def _signature_changes(
             declared = (
                 f"; the overlay's signature, with its deltas for {new.version}, already matches"
             )
-        what = f"{diff.kind.replace('_', ' ')}" + (f" {diff.param!r}" if diff.param else "")
+        what = f"{diff.kind.value.replace('_', ' ')}" + (f" {diff.param!r}" if diff.param else "")
         yield Finding(
             kind,
             severity,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from afd_models._freshness import installed_vllm
+from afd_models.freshness import installed_vllm
 from codegen.checks.suite import run_checks
 from tests.engine import run_python
 

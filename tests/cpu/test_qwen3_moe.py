@@ -105,7 +105,7 @@ def _refusal(config: dict, tmp_path: Path) -> str:
     result = subprocess.run(
         [*VERIFY, "--hf-config", str(path)], capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 2 and result.stdout == ""
+    assert result.returncode == 3 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]

@@ -48,6 +48,6 @@ def test_cli_refuses_a_margin_scale_that_is_not_positive(tmp_path: Path) -> None
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3  # a usage error (docs/maintainers.md, "Exit codes")
     assert "--margin-scale=0.0 is not allowed; allowed: a number > 0" in result.stderr
     assert not (tmp_path / "m").exists()

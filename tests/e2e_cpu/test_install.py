@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_models._freshness import installed_vllm
 from afd_models.cli import serve
+from afd_models.freshness import installed_vllm
 from afd_models.generated_registry import registry_data
 from tests import probes
 from tests.checkout import REPO, tracked_copy

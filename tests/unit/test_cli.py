@@ -183,3 +183,27 @@ def test_exit_code_table_is_documented() -> None:
     )
     documented = [row[0].strip("`").removeprefix("python -m codegen ") for row in commands]
     assert documented == list(subcommands)
+
+
+def test_tools_exit_codes_are_documented() -> None:
+    """docs/maintainers.md, "Exit codes": one row per runnable tool (a package of ``tools/`` with a
+    ``__main__``, and ``cpu_env``) and operator command (a module of ``afd_models/cli`` with a
+    ``__main__`` guard or package), and none says 1, which none of them returns."""
+    text = (REPO / "docs/maintainers.md").read_text()
+    section = re.search(r"^## Exit codes$(.*?)^## ", text, re.MULTILINE | re.DOTALL)
+    assert section is not None
+    _, _, tools = _tables(section.group(1))
+    documented = {re.search(r"(tools|cli)[./](\w+)", row[0]).group(2) for row in tools}  # type: ignore[union-attr]
+    cli = REPO / "afd_models" / "cli"
+    runnable = {
+        *(path.parent.name for path in (REPO / "tools").glob("*/__main__.py")),
+        "cpu_env",
+        *(path.parent.name for path in cli.glob("*/__main__.py")),
+        *(
+            path.stem
+            for path in cli.glob("*.py")
+            if 'if __name__ == "__main__":' in path.read_text()
+        ),
+    }
+    assert documented == runnable
+    assert all(row[2] == "-" for row in tools)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from afd_models._freshness import GeneratedCodeError, check_release
+from afd_models.freshness import GeneratedCodeError, check_release
 
 REGISTRY = {"UPSTREAM": {"vllm": "0.26.0"}, "SUPPORTED": {"vllm": ("0.26.0", "0.28.0")}}
 

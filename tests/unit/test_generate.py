@@ -307,8 +307,9 @@ def test_each_release_gets_its_edits_and_its_lock(tmp_path: Path) -> None:
         assert not generation.findings, [f.one_line() for f in generation.findings]
         assert f"make_experts(size, {code}, prefix=" in generation.files[module]
         assert generation.lock_path == lock
-        anchors = generation.lock["classes"]["afd_models._generated.vllm.layers:AFDBase"]
-        assert list(anchors["members"]["__init__"]["anchors"]) == ["gate"]
+        assert generation.lock is not None
+        entry = generation.lock.classes["afd_models._generated.vllm.layers:AFDBase"]
+        assert list(entry.members["__init__"].anchors or {}) == ["gate"]
 
 
 @pytest.mark.parametrize(
@@ -385,8 +386,9 @@ def test_a_delta_explains_the_difference_on_its_releases_only(tmp_path: Path) ->
     context = make_repo(tmp_path, HEADER + DELTA_BEFORE_028)
     generation, _ = generate(at_release(context, "0.26.0"))
     assert not generation.findings, [f.one_line() for f in generation.findings]
-    member = generation.lock["classes"]["afd_models._generated.vllm.layers:AFDBase"]["members"]
-    assert member["helper"]["deltas"] == ["param_added extra: None -> 'extra: bool = False'"]
+    assert generation.lock is not None
+    member = generation.lock.classes["afd_models._generated.vllm.layers:AFDBase"].members
+    assert member["helper"].deltas == ("param_added extra: None -> 'extra: bool = False'",)
     generation, _ = generate(at_release(context, "0.28.0"))
     assert [f.code for f in generation.findings] == ["SIG001"]
     assert "extra" in generation.findings[0].message

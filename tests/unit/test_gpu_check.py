@@ -22,7 +22,7 @@ from tools.gpu_check.child import exchange_latency
 from tools.gpu_check.runs import CHILDREN
 from tools.harness.child import worker_classes
 from tools.harness.cli import UsageError, write_json
-from tools.harness.processes import REPO_ROOT, EngineProcess, visible_device_ids
+from tools.harness.processes import REPO_ROOT, EngineProcess, child_env, visible_device_ids
 from tools.harness.results import MAX_TOKENS, PROMPTS, Counters, EngineResult, EngineSpec
 
 #: the command as documented, run from the repository root
@@ -749,3 +749,19 @@ def test_main_prints_and_writes_the_report_and_exits_with_its_verdict(
     assert code == exit_code
     assert f"exit {exit_code}" in out.splitlines()[-1] and "== full-decode-only" in out
     assert json.loads(path.read_text())["exit_code"] == exit_code
+
+
+def test_relative_paths_reach_the_engines_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engines run in their log directories: a relative ``--target`` and relative entries of
+    the operator's ``PYTHONPATH`` are made absolute against where the check was started."""
+    (tmp_path / "bundle" / "bin").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "extra")
+    env = child_env(gpu_check.base_env([Path("bundle")]))
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    assert entries[:2] == [str(tmp_path / "bundle"), str(REPO_ROOT)]
+    assert str(tmp_path / "extra") in entries
+    assert all(Path(entry).is_absolute() for entry in entries)
+    assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "bundle" / "bin")

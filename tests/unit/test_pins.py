@@ -1,4 +1,4 @@
-"""overlay/pins.toml: the pinned upstream packages and the run-time replacements AFD accepts."""
+"""overlay/pins.toml: the pinned upstream packages and the run-time patches AFD accepts."""
 
 from __future__ import annotations
 
@@ -34,22 +34,22 @@ def test_the_repositorys_pins() -> None:
         (Distribution("vllm-ascend", "sdist"),),
         ("vllm_ascend.patch.platform.patch_fused_moe:_ascend_FusedMoE",),
     )
-    assert pins["vllm"].replaces == ()
+    assert pins["vllm"].patches == ()
 
 
-@pytest.mark.parametrize("replaces", ['"pkg.mod:name"', '["pkg.mod"]', "[1]", '["a b:c"]'])
-def test_replacements_must_be_module_qualname_strings(tmp_path: Path, replaces: str) -> None:
+@pytest.mark.parametrize("patches", ['"pkg.mod:name"', '["pkg.mod"]', "[1]", '["a b:c"]'])
+def test_patches_must_be_module_qualname_strings(tmp_path: Path, patches: str) -> None:
     path = tmp_path / "pins.toml"
-    path.write_text(PIN + f"replaces = {replaces}\n")
+    path.write_text(PIN + f"patches = {patches}\n")
     with pytest.raises(SourceError, match="allowed: a list of 'module:qualname' strings") as error:
         load_pins(path)
-    assert "vllm_ascend replaces=" in str(error.value)
+    assert "vllm_ascend patches=" in str(error.value)
 
 
-def test_a_replacement_is_read(tmp_path: Path) -> None:
+def test_a_patch_is_read(tmp_path: Path) -> None:
     path = tmp_path / "pins.toml"
-    path.write_text(PIN + 'replaces = ["pkg.patch:factory"]\n')
-    assert load_pins(path)["vllm_ascend"].replaces == ("pkg.patch:factory",)
+    path.write_text(PIN + 'patches = ["pkg.patch:factory"]\n')
+    assert load_pins(path)["vllm_ascend"].patches == ("pkg.patch:factory",)
 
 
 # --- the support window: a primary release and also_supported ones --------------------------------

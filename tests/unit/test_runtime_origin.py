@@ -177,6 +177,7 @@ CHECK = """
     import libcst as cst
 
     from codegen.checks.runtime import apply_platform_patches, check_classes, check_imports
+    from codegen.lock import SymbolDescription, SymbolEntry, SymbolKind, SymbolUse
     from codegen.markers import contract
     from codegen.model import (
         GeneratedClass, GeneratedMember, MemberDecl, MemberKind, OverlayClass, SymbolRef,
@@ -200,12 +201,19 @@ CHECK = """
         (GeneratedMember(fork, base.member("__init__"), None, init),),
         {"forward": base.member("forward"), "name": base.member("name")},
     )
+    def entry(kind, use, *used_by):
+        return SymbolEntry(SymbolDescription(kind), frozenset({use}), used_by)
+
     symbols = {
-        "fakeupstream.models:make_layer": {
-            "roles": ["generated_import"], "used_by": ["fakegen:make_layer"],
-        },
-        "fakeupstream.models:Model": {"roles": ["overlay_import"], "used_by": ["fakegen:Model"]},
-        "fakeupstream.models:Model.forward": {"roles": ["relied_on"], "used_by": []},
+        "fakeupstream.models:make_layer": entry(
+            SymbolKind.FUNCTION, SymbolUse.IMPORTED_BY_GENERATED, "fakegen:make_layer"
+        ),
+        "fakeupstream.models:Model": entry(
+            SymbolKind.CLASS, SymbolUse.IMPORTED_BY_OVERLAY, "fakegen:Model"
+        ),
+        "fakeupstream.models:Model.forward": entry(
+            SymbolKind.METHOD, SymbolUse.INHERITED_RELIED_ON
+        ),
     }
     accepted = frozenset(sys.argv[2:])
     findings = [*check_classes([generated]), *check_imports(symbols, accepted)]
@@ -266,8 +274,8 @@ def test_patched_relied_on_method_breaking_a_contract_blocks(patched: dict[str, 
     the contract: it blocks, naming the contract and what AFD would do wrong."""
     _, message = patched["findings"]["fakegen:AFDModel.forward"]
     assert message == (
-        "relied-on Model.forward is replaced by fakeplatform.patch.worker: "
-        "contracts broken in the replacement: returns-its-layer (wrong)"
+        "relied-on Model.forward is patched by fakeplatform.patch.worker: "
+        "contracts broken in the patch: returns-its-layer (wrong)"
     )
     assert patched["severities"]["fakegen:AFDModel.forward"] == "block"
 
@@ -277,8 +285,8 @@ def test_patched_relied_on_method_keeping_its_contracts_is_info(patched: dict[st
     contracts are evaluated on the replacement's source, and holding there is shown, not blocking."""
     _, message = patched["findings"]["fakegen:AFDModel.name"]
     assert message == (
-        "relied-on Model.name is replaced by fakeplatform.patch.worker; every contract holds in "
-        "the replacement (returns-a-name)"
+        "relied-on Model.name is patched by fakeplatform.patch.worker; every contract holds in "
+        "the patch (returns-a-name)"
     )
     assert patched["severities"]["fakegen:AFDModel.name"] == "info"
 
@@ -287,7 +295,7 @@ def test_patched_imported_name_is_reported(patched: dict[str, Any]) -> None:
     """An upstream function the generated code imports, replaced by a platform patch."""
     _, message = patched["findings"]["fakeupstream.models:make_layer"]
     assert message == (
-        "imported make_layer is replaced by fakeplatform.patch.platform: "
+        "imported make_layer is patched by fakeplatform.patch.platform: "
         "AFD (fakegen:make_layer) was checked against vLLM's definition, not this one"
     )
 
@@ -305,7 +313,7 @@ def test_an_accepted_replacement_of_an_imported_name_is_info(fake_tree: Path) ->
         "fakeupstream.models:make_layer": "info",
     }
     assert report["findings"]["fakeupstream.models:make_layer"][1] == (
-        "imported make_layer is fakeplatform.patch.platform:make_layer, a replacement "
+        "imported make_layer is fakeplatform.patch.platform:make_layer, a patch "
         "overlay/pins.toml accepts: AFD (fakegen:make_layer) uses it as upstream code would"
     )
 
@@ -314,7 +322,7 @@ def test_patched_fork_is_reported(patched: dict[str, Any]) -> None:
     """A forked method, replaced by a worker patch: the fork would drop the patch."""
     _, message = patched["findings"]["fakegen:AFDModel.__init__"]
     assert message == (
-        "forked Model.__init__ is replaced by fakeplatform.patch.worker: "
+        "forked Model.__init__ is patched by fakeplatform.patch.worker: "
         "AFD's fork was made from vLLM's body and drops this patch"
     )
 
@@ -362,12 +370,17 @@ def test_a_module_import_is_a_symbol_of_its_own() -> None:
     """A generated module that imports a whole module records it as ``module:`` (a forked body
     using ``torch.tensor``); the import check loads it instead of crashing on the key."""
     from codegen.checks.runtime import check_imports, load
+    from codegen.lock import SymbolDescription, SymbolEntry, SymbolKind, SymbolUse
     from codegen.model import SymbolRef
 
     ref = SymbolRef.parse("json:")
     assert ref == SymbolRef("json", "") and str(ref) == "json:"
     assert load(ref) is json
-    entry = {"kind": "external", "roles": ["generated_import"], "used_by": ["m:json"]}
+    entry = SymbolEntry(
+        SymbolDescription(SymbolKind.EXTERNAL),
+        frozenset({SymbolUse.IMPORTED_BY_GENERATED}),
+        ("m:json",),
+    )
     assert list(check_imports({"json:": entry})) == []
     with pytest.raises(ValueError, match="not a 'module:Name' reference"):
         SymbolRef.parse("json")

@@ -7,7 +7,7 @@ import ast
 import pytest
 
 from codegen.findings import Location
-from codegen.markers import Delta, delta
+from codegen.markers import Delta, DifferenceKind, delta
 from codegen.model import Signature
 from codegen.signatures import check_signature, differences
 
@@ -115,7 +115,7 @@ def test_unexplained_difference_prints_the_delta_to_declare() -> None:
 
 def test_delta_scoped_to_one_base() -> None:
     """A delta for one base applies to that base only."""
-    scoped = Delta("decorators", None, "@x", None, "why", base="Worker")
+    scoped = Delta(DifferenceKind.DECORATORS, None, "@x", None, "why", base="Worker")
     assert scoped.applies_to("vllm.v1.worker.gpu_worker:Worker")
     assert not scoped.applies_to("vllm.v1.worker.cpu_worker:CPUWorker")
 
@@ -124,7 +124,7 @@ def test_differences_are_stable() -> None:
     """The difference list is deterministic (the lock and reports depend on its order)."""
     a, b = sig(UPSTREAM), sig("def f(self, z, b: bytes = 'y', *args, **kw): pass")
     assert differences(a, b) == differences(a, b)
-    assert [d.kind for d in differences(a, b)] == [
+    assert [d.kind.value for d in differences(a, b)] == [
         "param_renamed",
         "param_annotation",
         "param_default",

@@ -268,7 +268,8 @@ def test_mutations_change_only_vllm_source() -> None:
     mutations change a copy of vLLM's tree only, so every operator draws from vLLM's files."""
     context = open_context(REPO, quiet=True)
     generation, _ = generate(context)
-    files = {entry.get("file", "") for entry in generation.lock["symbols"].values()}
+    assert generation.lock is not None
+    files = {entry.description.file or "" for entry in generation.lock.symbols.values()}
     assert any(f.startswith("vllm_ascend/") for f in files)
     mutator = Mutator(context, generation.lock, random.Random(0))
     for operator in OPERATORS:

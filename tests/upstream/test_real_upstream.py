@@ -6,6 +6,7 @@ from pathlib import Path
 
 from codegen.checks.suite import compare_generated, compare_lock
 from codegen.index import UpstreamIndex
+from codegen.lock import SymbolUse
 from codegen.model import SymbolRef
 from codegen.pipeline import Context, generate, open_context
 from codegen.sources import Distribution, Pin, from_cache
@@ -51,17 +52,18 @@ def test_source_only_release_is_read_from_its_sdist() -> None:
 def test_lock_records_what_the_overlay_relies_on(pinned: Context) -> None:
     """The lock has the inherited forward of the Attention MoE, marked relied on, with its fingerprint."""
     generation, _ = generate(pinned)
-    forward = generation.lock["symbols"][
+    assert generation.lock is not None
+    forward = generation.lock.symbols[
         "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE.forward"
     ]
-    assert "relied_on" in forward["roles"] and len(forward["body"]) == 64
-    fork = generation.lock["classes"][
+    body = forward.description.body
+    assert SymbolUse.INHERITED_RELIED_ON in forward.uses and body is not None and len(body) == 64
+    fork = generation.lock.classes[
         "afd_models._generated.vllm.model_executor.models.deepseek_v2:AFDAttentionDeepseekV2MoE"
     ]
-    assert fork["members"]["__init__"]["anchors"]["remote-experts"]["lines"] == [362]
-    assert (
-        str(SymbolRef.parse(fork["base"])) == "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE"
-    )
+    anchors = fork.members["__init__"].anchors
+    assert anchors is not None and anchors["remote-experts"].lines == (362,)
+    assert str(SymbolRef.parse(fork.base)) == "vllm.model_executor.models.deepseek_v2:DeepseekV2MoE"
 
 
 def test_paths_are_repo_relative(pinned: Context) -> None:

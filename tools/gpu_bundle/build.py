@@ -41,8 +41,8 @@ from tools.gpu_bundle.manifest import (
     log,
     mib,
     platform_glibc,
-    write_atomic,
 )
+from tools.harness.cli import write_atomic
 
 # --------------------------------------------------------------------------- resolve
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from codegen.findings import CommandParser
 from tools.gpu_bundle.build import build_bundle
 from tools.gpu_bundle.install import assemble, install
 from tools.gpu_bundle.manifest import (
@@ -23,7 +24,7 @@ from tools.gpu_bundle.manifest import (
     BundleSpec,
     log,
 )
-from tools.harness.cli import ToolParser, UsageError, guarded
+from tools.harness.cli import UsageError, guarded
 
 PROG = "python -m tools.gpu_bundle"
 DESCRIPTION = (
@@ -48,7 +49,7 @@ def _part_mib(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ToolParser(
+    parser = CommandParser(
         prog=PROG,
         description=DESCRIPTION,
         epilog="See the docstring of tools/gpu_bundle/__init__.py for what is bundled and why. "

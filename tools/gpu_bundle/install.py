@@ -28,8 +28,8 @@ from tools.gpu_bundle.manifest import (
     log,
     mib,
     platform_glibc,
-    write_atomic,
 )
+from tools.harness.cli import write_atomic
 
 
 def read_manifest(parts_dir: Path) -> Manifest:

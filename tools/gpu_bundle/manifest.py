@@ -7,7 +7,6 @@ import dataclasses
 import enum
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tools.harness.cli import log as harness_log
@@ -226,12 +225,6 @@ def _get(
 
 def mib(size: int) -> str:
     return f"{size / MIB:.1f} MiB"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    partial.replace(path)
 
 
 # --------------------------------------------------------------------------- platform tags

@@ -147,7 +147,7 @@ def probe_main(out: Path) -> int:
     except Exception as exc:
         info["vllm_error"] = f"{type(exc).__name__}: {exc}"
     try:
-        from afd_models._freshness import check_generated_code
+        from afd_models.freshness import check_generated_code
 
         check_generated_code()
     except Exception as exc:

@@ -18,13 +18,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
+from codegen.findings import CommandParser
 from tools.gpu_check import runs
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare
 from tools.gpu_check.modes import MODES, VLLM_VERSION, Gate, Mode
 from tools.gpu_check.report import ModeReport, ModeStatus, NcclReport, NcclStatus, Report, render
 from tools.gpu_check.runs import CHILDREN, Setup
 from tools.gpu_check.verdict import PairResult
-from tools.harness.cli import ToolParser, UsageError, guarded, write_json
+from tools.harness.cli import UsageError, guarded, write_json
 from tools.harness.results import EngineResult
 
 PROG = "python -m tools.gpu_check"
@@ -59,7 +60,7 @@ class Options:
 
 def build_parser() -> argparse.ArgumentParser:
     runnable = ", ".join(m.name for m in MODES)
-    parser = ToolParser(
+    parser = CommandParser(
         prog=PROG,
         description=DESCRIPTION,
         epilog=f"Modes: {runnable}; in the NCCL pair only: "

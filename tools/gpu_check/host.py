@@ -36,6 +36,8 @@ def base_env(extra_paths: Sequence[Path] = ()) -> dict[str, str]:
     """The engines' environment: this one, :data:`ENGINE_ENV`, and the repository (and a bundle
     target) first on ``PYTHONPATH``."""
     env = {**os.environ, **ENGINE_ENV}
+    # absolute: the engines run in their log directories, not where a relative --target was given
+    extra_paths = [Path(p).resolve() for p in extra_paths]
     paths = [str(p) for p in (*extra_paths, REPO_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
     for path in extra_paths:

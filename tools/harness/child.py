@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from codegen.findings import ExitCode
+from tools.harness.cli import write_atomic
 from tools.harness.results import EngineSpec
 
 #: an internal command: its path argument to an exit status
@@ -31,10 +32,8 @@ def read_spec(spec_path: Path) -> tuple[EngineSpec, Path]:
 
 
 def write_result(path: Path, data: Mapping[str, Any]) -> None:
-    """``data`` as JSON at ``path``, renamed into place: the parent never reads half a file."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data))
-    partial.replace(path)
+    """``data`` as JSON at ``path``, written atomically: the parent never reads half a file."""
+    write_atomic(path, json.dumps(data).encode())
 
 
 def worker_classes(wrapper: Any) -> str:

@@ -1,32 +1,23 @@
-"""What every tool's command line shares: usage errors, the parser and the crash guard that give
+"""What every tool's command line shares: usage errors and the crash guard that give
 the project's exit codes (:class:`codegen.findings.ExitCode`, the table in docs/maintainers.md:
 0 clean, 2 a check found a real problem, 3 bad usage or a tool error), progress lines and the
 atomic JSON report. No tool has review-only findings (1)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from codegen.findings import ExitCode
 
 
 class UsageError(Exception):
     """Bad arguments, or a host that cannot run the command; the message says what to pass or fix."""
-
-
-class ToolParser(argparse.ArgumentParser):
-    """argparse with the project's exit code for a malformed command line (3, not argparse's 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(ExitCode.ERROR, f"{self.prog}: error: {message}\n")
 
 
 def log(tag: str, message: str) -> None:
@@ -48,9 +39,15 @@ def guarded(prog: str, run: Callable[[], int]) -> int:
         return ExitCode.ERROR
 
 
-def write_json(data: Mapping[str, Any], path: Path) -> None:
-    """``data`` as indented JSON at ``path``, written through a temporary file and renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, written to a temporary file and renamed into place: a reader (the
+    parent of a child, a later install) never sees half a file."""
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data, indent=2) + "\n")
+    partial.write_bytes(data)
     partial.replace(path)
+
+
+def write_json(data: Mapping[str, Any], path: Path) -> None:
+    """``data`` as indented JSON at ``path``, written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())

@@ -45,8 +45,9 @@ def visible_device_ids(visible_devices: str | None, count: int) -> tuple[str, ..
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with the checkout on ``PYTHONPATH`` (last, unless it names it already): a child
     imports its module from this checkout, and the environment's own entries (the checkout first
-    in a real run, fake packages first in the unit tests) decide everything else."""
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    in a real run, fake packages first in the unit tests) decide everything else. Entries are
+    made absolute here: the child runs in another directory (:func:`spawn`)."""
+    paths = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(REPO_ROOT) not in paths:
         paths.append(str(REPO_ROOT))
     return {**env, "PYTHONPATH": os.pathsep.join(paths)}

@@ -46,7 +46,7 @@ def probe_main(out: Path) -> int:
     try:
         # first: with AFD's platform selected, vLLM imports the generated platform while it picks
         # the platform, and stale generated code should be reported as such
-        from afd_models._freshness import check_generated_code
+        from afd_models.freshness import check_generated_code
 
         check_generated_code()
     except ImportError as exc:

@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from tools.harness.cli import ToolParser, UsageError, guarded, write_json
+from codegen.findings import CommandParser
+from tools.harness.cli import UsageError, guarded, write_json
 from tools.harness.processes import REPO_ROOT
 from tools.npu_check import checks
 from tools.npu_check.checks import CheckResult
@@ -115,7 +116,7 @@ class Options:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ToolParser(
+    parser = CommandParser(
         prog=PROG,
         description=DESCRIPTION,
         epilog=f"Needs VLLM_PLUGINS={AFD_PLUGINS}. Exit codes: 0 passed, 2 a check failed, "

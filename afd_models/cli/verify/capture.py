@@ -9,7 +9,6 @@ deployment), with the gate on either role; eager on both sides, since layer hook
 
 from __future__ import annotations
 
-import argparse
 import enum
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from afd_models.cli.verify.errors import VerifyError
+from codegen.findings import CommandParser
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,7 @@ def run_capture(
 
 def main(argv: list[str] | None = None) -> int:
     """The child's command line (started by :func:`run_capture`, not by users)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m afd_models.cli.verify.capture", description=__doc__.splitlines()[0]
     )
     parser.add_argument("mode", choices=[m.value for m in Mode])

@@ -10,7 +10,7 @@ FFN half runs in-process behind the loopback connector (the same proxies and con
 as a deployment), captures every decoder layer's output on every forward, and prints the largest
 absolute and relative difference per layer and overall. Exit 0 only within the dtype's tolerance:
 bitwise for float32 (the computation order is the same), relative 1e-3 / 1.6e-2 for float16 /
-bfloat16. Each run happens in a subprocess with vLLM's in-process engine.
+bfloat16; 2 past it, 3 for a config it refuses (docs/maintainers.md, "Exit codes"). Each run happens in a subprocess with vLLM's in-process engine.
 
 ``--shrink`` keeps the config's structure (DeepSeek: routing method, groups, correction bias,
 shared experts, dense-layer count, scaling; Qwen3-MoE: top-k normalization, sparse step, dense
@@ -33,10 +33,11 @@ from afd_models.cli.verify.compare import TOLERANCE, PlacementReport, compare, s
 from afd_models.cli.verify.errors import VerifyError
 from afd_models.cli.verify.shrink import shrink
 from afd_models.cli.verify.validate import check_fields, check_size, load_config, validate
+from codegen.findings import CommandParser, ExitCode
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m afd_models.cli.verify", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--hf-config", type=Path)
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return _verify(args)
     except VerifyError as exc:
         print(f"verify: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -91,7 +92,7 @@ def _verify(args: argparse.Namespace) -> int:
             **{f"gate_on_{gate}": report.as_dict() for gate, report in reports.items()},
         }
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if ok else 1
+    return ExitCode.CLEAN if ok else ExitCode.BLOCK
 
 
 def _print(gate: str, report: PlacementReport, dtype: str, tolerance: float) -> bool:

@@ -1,4 +1,4 @@
-"""The connector contract without a network: step headers, fingerprints and their comparison,
+"""The connector interface without a network: step headers, fingerprints and their comparison,
 layer order, stats (afd_models.connectors.base)."""
 
 from __future__ import annotations
