@@ -4,8 +4,8 @@ Two kinds of environment:
 
 * the **CPU env** (vLLM 0.26.0 on the CPU platform, ~6 GB) built by tools/cpu_env.py outside the
   checkout and reused by every clone (a stamp records its recipe); `tests`, `check` and `demo`
-  run in it; `tests` also builds one per other supported release (vLLM 0.28.0) for its cpu and
-  e2e_cpu tiers;
+  run in it; `tests` also builds one per other supported release (overlay/pins.toml) for its
+  `every_release` tests of the cpu and e2e_cpu tiers;
 * small nox venvs (`reuse_venv`) for the source-only tools: `regenerate`, `drift`, `audit` read
   upstream vLLM from its wheel in the download cache and never import it; `lint` runs ruff and mypy.
 
@@ -62,9 +62,11 @@ def _regenerate_with(session: nox.Session, python: str) -> None:
 #: supported vLLM release: a lock that a commit forgot to regenerate fails here, naming
 #: `nox -s regenerate`.
 COMMITTED_CHECK = ("-m", "codegen", "check", "--no-runtime", "--all-versions")
-#: Tiers run again on each supported release other than the primary, in that release's CPU env,
-#: without the further cases marked `primary_release` (the CI time budget, docs/environment.md).
+#: Tiers run again on each supported release other than the primary, in that release's CPU env:
+#: only their tests marked `every_release` (the CI time budget, docs/environment.md), among them
+#: `codegen check` with the runtime checks for that release (tests/cpu/test_checks_runtime.py).
 RELEASE_TIERS = ("cpu", "e2e_cpu")
+RELEASE_MARKER = "every_release"
 
 
 def _check_committed_with(session: nox.Session, python: str) -> None:
@@ -108,7 +110,7 @@ def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
                 "pytest",
                 *(f"tests/{tier}" for tier in RELEASE_TIERS),
                 "-m",
-                "not primary_release",
+                RELEASE_MARKER,
                 DURATIONS,
                 *session.posargs,
                 external=True,
@@ -171,10 +173,16 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def benchmarks(session: nox.Session) -> None:
-    """Codegen speed, proxy overhead, serving and connector overhead, drift quality; results go to docs/benchmarks.md."""
+    """Codegen speed, proxy overhead, serving and connector overhead, drift quality, release cost; results go to docs/benchmarks.md."""
     python = _cpu_python(session)
     _regenerate_with(session, python)
-    names = session.posargs or ["codegen_speed", "proxy_overhead", "serving", "drift_quality"]
+    names = session.posargs or [
+        "codegen_speed",
+        "proxy_overhead",
+        "serving",
+        "drift_quality",
+        "release_cost",
+    ]
     for name in names:
         session.run(python, f"benchmarks/{name}.py", external=True)
 

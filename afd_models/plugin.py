@@ -24,17 +24,48 @@ AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
 }
 
 
-def registrations() -> dict[str, str]:
-    """AFD architecture name -> ``module:Class`` path, as registered."""
-    return {afd: f"{GENERATED_MODELS}.{path}" for afd, path in AFD_ARCHITECTURES.values()}
+#: native architecture -> (the first vLLM release that gives it a model class of its own, that
+#: class's package): AFD maps it above only on the releases before; from that release on it is
+#: refused by name until an overlay of the new class exists.
+OWN_CLASS_SINCE: dict[str, tuple[str, str]] = {
+    "DeepseekV32ForCausalLM": ("0.30", "vllm.models.deepseek_v32"),
+}
 
 
-def afd_architecture(native: str) -> str:
-    """The AFD architecture name for a native one.
+def release_numbers(version: str) -> tuple[int, ...]:
+    """``0.30.0+cpu`` -> ``(0, 30, 0)``: the release numbers, for comparing two releases."""
+    numbers = version.split("+", 1)[0].split("rc", 1)[0].split(".")
+    return tuple(int(n) for n in numbers if n.isdigit())
+
+
+def served_on(vllm_version: str) -> dict[str, tuple[str, str]]:
+    """The entries of AFD_ARCHITECTURES that vLLM ``vllm_version`` is served with."""
+    return {
+        native: entry
+        for native, entry in AFD_ARCHITECTURES.items()
+        if native not in OWN_CLASS_SINCE
+        or release_numbers(vllm_version) < release_numbers(OWN_CLASS_SINCE[native][0])
+    }
+
+
+def registrations(vllm_version: str) -> dict[str, str]:
+    """AFD architecture name -> ``module:Class`` path, as registered on vLLM ``vllm_version``."""
+    return {afd: f"{GENERATED_MODELS}.{path}" for afd, path in served_on(vllm_version).values()}
+
+
+def afd_architecture(native: str, vllm_version: str) -> str:
+    """The AFD architecture name for a native one on vLLM ``vllm_version``.
 
     Raises:
-        ValueError: the architecture has no AFD model.
+        ValueError: the architecture has no AFD model on that release.
     """
+    if native in OWN_CLASS_SINCE and native not in served_on(vllm_version):
+        since, package = OWN_CLASS_SINCE[native]
+        raise ValueError(
+            f"architecture {native!r} has a model class of its own in vLLM {vllm_version} "
+            f"({package}, since {since}), which AFD has no overlay of yet; AFD serves it on "
+            f"vLLM releases before {since} only"
+        )
     if native not in AFD_ARCHITECTURES:
         raise ValueError(
             f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(AFD_ARCHITECTURES))}"
@@ -49,10 +80,10 @@ def register() -> None:
         RuntimeError: another plugin registered one of our names with a different class
             (vLLM would silently let the later registration win).
     """
-    from vllm import ModelRegistry
+    from vllm import ModelRegistry, __version__
 
     existing = ModelRegistry.models
-    for name, path in registrations().items():
+    for name, path in registrations(__version__).items():
         current = existing.get(name)
         if current is not None:
             current_path = (

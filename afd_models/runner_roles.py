@@ -61,6 +61,17 @@ def load_attention(
     return connector, AttentionGraphSteps(connector)
 
 
+def refuse_preloaded_model(model: object) -> None:
+    """A model handed to ``load_model`` (vLLM 0.32's weight cache passes one) is the native
+    model; each AFD role builds its own half, so it is refused."""
+    if model is not None:
+        raise ValueError(
+            f"load_model(model=<{type(model).__name__}>): an AFD runner builds its role's half "
+            "of the model itself and cannot take a pre-loaded model (vLLM's weight cache); "
+            "run the AFD roles without it"
+        )
+
+
 def load_ffn(runner: Any, load: Callable[[], None]) -> FFNConnector:
     """Load the FFN half with ``load`` (upstream's ``load_model``) and connect to the Attention
     role (this waits for it, bounded by the connector's ``connect_timeout_s``). The connector is

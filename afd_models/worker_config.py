@@ -70,21 +70,22 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
         raise AFDConfigError(
             f"model {model_config.model!r}: expected one architecture, got {architectures}"
         )
-    try:
-        target = afd_architecture(architectures[0])
-    except ValueError as exc:
-        raise AFDConfigError(f"model {model_config.model!r}: {exc}") from exc
+    from vllm import __version__ as vllm_version
+    from vllm import envs
     from vllm.platforms import current_platform
 
+    try:
+        target = afd_architecture(architectures[0], vllm_version)
+    except ValueError as exc:
+        raise AFDConfigError(f"model {model_config.model!r}: {exc}") from exc
     if model_config.use_mla and current_platform.is_cpu():
         raise AFDConfigError(
             f"model {model_config.model!r} uses MLA, which vLLM's CPU platform cannot run; set VLLM_MLA_DISABLE=1"
         )
-    if vllm_config.use_v2_model_runner:
-        raise AFDConfigError("AFD runs on vLLM's V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0")
+    refuse_model_runner_v2(
+        vllm_config.use_v2_model_runner, envs.VLLM_USE_V2_MODEL_RUNNER, vllm_version
+    )
     check_connector_platform(afd, current_platform.device_type)
-    from vllm import envs
-
     refuse_unsupported(
         vllm_config,
         afd,
@@ -138,6 +139,11 @@ def eager_ffn_config(vllm_config: VllmConfig) -> VllmConfig:
 
     model_config = copy.copy(vllm_config.model_config)
     model_config.enforce_eager = True
+    # vLLM 0.32 marks the model config of a with_hf_config() copy (each worker's) as a view whose
+    # VllmConfig.__post_init__ returns at once; the FFN config's fresh compilation settings must
+    # be resolved by it (eager, custom ops on), as on earlier releases, so this copy is no view
+    if getattr(model_config, "is_submodel_config", False):
+        model_config.is_submodel_config = False
     return replace(
         vllm_config,
         model_config=model_config,
@@ -154,6 +160,29 @@ def _with_exchange_splitting(vllm_config: VllmConfig) -> Any:
     ops = list(compilation.splitting_ops or [])
     compilation.splitting_ops = ops + [op for op in SPLITTING_OPS if op not in ops]
     return compilation
+
+
+def refuse_model_runner_v2(use_v2: bool, requested: bool | None, vllm_version: str) -> None:
+    """Refuse vLLM's Model Runner V2: every AFD runner derives from the V1 runner.
+
+    ``use_v2`` is vLLM's choice for this engine, ``requested`` the ``VLLM_USE_V2_MODEL_RUNNER``
+    setting (None: unset, so vLLM chose by itself: since 0.29 it picks V2 on CUDA by default).
+
+    Raises:
+        AFDConfigError: vLLM would run this engine on Model Runner V2.
+    """
+    if not use_v2:
+        return
+    why = (
+        "VLLM_USE_V2_MODEL_RUNNER=1 asks for"
+        if requested
+        else f"vLLM {vllm_version} chose by default (on CUDA since vLLM 0.29)"
+    )
+    raise AFDConfigError(
+        f"{why} its Model Runner V2, but the AFD workers build runners derived from vLLM's V1 "
+        "runner (GPUModelRunner / CPUModelRunner) and would not run on V2: set "
+        "VLLM_USE_V2_MODEL_RUNNER=0"
+    )
 
 
 def refuse_unsupported(

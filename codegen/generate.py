@@ -231,7 +231,9 @@ def _build_class(
         | {str(b) for b in overlay_class.bases}
         | {base.qualname, str(base)}
     )
-    for decl in overlay_class.members:
+    # the members this release gets (a member's when=, as an edit's)
+    current = applicable(overlay_class.members, index.versions)
+    for decl in current:
         for delta in decl.deltas:
             if delta.base is not None and delta.base not in names:
                 findings.append(
@@ -245,11 +247,11 @@ def _build_class(
                 )
     members: list[GeneratedMember] = []
     visible = index.all_members(base)
-    for decl in overlay_class.members:
+    for decl in current:
         member = _build_member(index, overlay, name, base, decl, visible, namespace, findings)
         if member is not None:
             members.append(member)
-    declared = {d.name for d in overlay_class.members}
+    declared = {d.name for d in current}
     inherited = {n: m.ref for n, m in sorted(visible.items()) if m.is_method and n not in declared}
     # an override that calls super() still runs upstream's body: AFD may rely on it too
     extended = {

@@ -211,28 +211,34 @@ def _identity_or_factory(args: tuple[Any, ...]) -> Any:
     return lambda function: function
 
 
-def override(*args: Any, deltas: tuple[Delta, ...] = ()) -> Any:
-    """The method body is ours; the signature must equal upstream's (or declare ``deltas``)."""
-    del deltas
+def override(*args: Any, deltas: tuple[Delta, ...] = (), when: str | None = None) -> Any:
+    """The method body is ours; the signature must equal upstream's (or declare ``deltas``).
+    ``when``: the upstream releases the member exists on (as for an edit); None: all."""
+    del deltas, when
     return _identity_or_factory(args)
 
 
-def extend(function: T) -> T:
-    """A method upstream does not have; an error if any upstream class in the MRO gains the name."""
-    return function
+def extend(*args: Any, when: str | None = None) -> Any:
+    """A method upstream does not have; an error if any upstream class in the MRO gains the name.
+    ``@extend`` or ``@extend(when="vllm>=0.30")``."""
+    del when
+    return _identity_or_factory(args)
 
 
-def fork(*edits: Edit, deltas: tuple[Delta, ...] = ()) -> Callable[[T], T]:
-    """The body is the pinned upstream body with ``edits`` applied in order."""
-    del edits, deltas
+def fork(*edits: Edit, deltas: tuple[Delta, ...] = (), when: str | None = None) -> Callable[[T], T]:
+    """The body is the pinned upstream body with ``edits`` applied in order; ``when`` as for
+    :func:`override`."""
+    del edits, deltas, when
     return lambda function: function
 
 
-def override_attr(value: T) -> T:
+def override_attr(value: T, *, when: str | None = None) -> T:
     """A class attribute that replaces one upstream defines (recorded in the lock)."""
+    del when
     return value
 
 
-def extend_attr(value: T) -> T:
+def extend_attr(value: T, *, when: str | None = None) -> T:
     """A new class attribute; an error if upstream's MRO has the name."""
+    del when
     return value

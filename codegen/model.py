@@ -188,6 +188,9 @@ class MemberDecl:
     deltas: tuple[Delta, ...] = ()
     #: 1-based line in the overlay file
     line: int = 0
+    #: the upstream releases the member exists on (``"vllm>=0.30"``, :mod:`codegen.releases`);
+    #: None: all. Members of one name may share a class when no supported release gets two.
+    when: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import libcst as cst
 from codegen import markers
 from codegen.markers import Edit
 from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, Signature, SymbolRef
-from codegen.releases import parse_range
+from codegen.releases import applicable, parse_range
 
 MARKERS_MODULE = "codegen.markers"
 OVERLAY_DIR = "overlay"
@@ -243,6 +243,14 @@ class _Reader:
                 f"class {node.name}: several bases need a name template with '{{base}}'",
             )
         members = [m for m in self._members(statement, node) if m is not None]
+        names = [m.name for m in members]
+        for member in members:
+            if names.count(member.name) > 1 and member.when is None:
+                self.problem(
+                    member.line,
+                    f"{node.name}.{member.name}: declared {names.count(member.name)} times; "
+                    "members may share a name only as per-release alternatives, each with its when=",
+                )
         return OverlayClass(
             name=node.name,
             bases=bases,
@@ -351,14 +359,16 @@ class _Reader:
         kind = _METHOD_MARKERS[name]
         edits: tuple[markers.Edit, ...] = ()
         deltas: tuple[markers.Delta, ...] = ()
+        when: str | None = None
         try:
             if call is not None:
                 if any(kw.arg is None for kw in call.keywords):
                     raise ValueError("** arguments are not allowed in markers")
                 args = [self.evaluate(a) for a in call.args]
                 kwargs = {str(kw.arg): self.evaluate(kw.value) for kw in call.keywords}
-                if kind is MemberKind.EXTEND:
-                    raise ValueError("@extend takes no arguments")
+                when = self._member_when(kwargs.pop("when", None))
+                if kind is MemberKind.EXTEND and (args or kwargs):
+                    raise ValueError("@extend takes only when=...")
                 if kind is MemberKind.FORK:
                     edits = tuple(args)
                     if not edits or not all(isinstance(e, markers.Edit) for e in edits):
@@ -415,7 +425,18 @@ class _Reader:
             edits=edits,
             deltas=deltas,
             line=item.lineno,
+            when=when,
         )
+
+    @staticmethod
+    def _member_when(value: Any) -> str | None:
+        """A member's ``when=``: None or a valid release range (ValueError naming it)."""
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"when={value!r}: a release range such as 'vllm>=0.30' is allowed")
+        parse_range(value)
+        return value
 
     def _attribute(
         self, owner: str, cst_item: cst.SimpleStatementLine, item: ast.Assign | ast.AnnAssign
@@ -426,6 +447,7 @@ class _Reader:
             not isinstance(target, ast.Name)
             or not isinstance(value, ast.Call)
             or len(value.args) != 1
+            or any(kw.arg != "when" for kw in value.keywords)
         ):
             self.problem(
                 item.lineno,
@@ -439,12 +461,21 @@ class _Reader:
                 f"{owner}.{target.id}: wrap the value in override_attr(...) or extend_attr(...)",
             )
             return None
+        try:
+            when = self._member_when(
+                self.evaluate(value.keywords[0].value) if value.keywords else None
+            )
+        except (ValueError, SyntaxError) as exc:
+            self.problem(item.lineno, f"{owner}.{target.id}: {exc}")
+            return None
         small = cst_item.body[0]
         assert isinstance(small, cst.Assign | cst.AnnAssign) and isinstance(small.value, cst.Call)
         unwrapped = cst_item.with_changes(
             body=[small.with_changes(value=small.value.args[0].value)]
         )
-        return MemberDecl(target.id, _ATTR_MARKERS[marker[0]], unwrapped, None, line=item.lineno)
+        return MemberDecl(
+            target.id, _ATTR_MARKERS[marker[0]], unwrapped, None, line=item.lineno, when=when
+        )
 
 
 def load_overlay(repo_root: Path, path: Path) -> OverlayModule:
@@ -474,21 +505,32 @@ class DeclaredMember:
     decl: MemberDecl
 
 
-def declared_members(repo_root: Path) -> Iterator[DeclaredMember]:
-    """Every member of every overlay class, once per base (as generated)."""
+def declared_members(
+    repo_root: Path, versions: Mapping[str, str] | None = None
+) -> Iterator[DeclaredMember]:
+    """Every member of every overlay class, once per base (as generated); with ``versions``, only
+    the members upstream at those releases gets (their ``when=``)."""
     for path in overlay_files(repo_root):
         overlay = load_overlay(repo_root, path)
         for overlay_class in overlay.classes:
+            members = (
+                overlay_class.members
+                if versions is None
+                else applicable(overlay_class.members, versions)
+            )
             for base in overlay_class.bases:
                 key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
-                for decl in overlay_class.members:
+                for decl in members:
                     yield DeclaredMember(key, base, decl)
 
 
-def committed_edits(repo_root: Path) -> dict[tuple[str, str], tuple[Edit, ...]]:
-    """Fork edits of the current overlay, keyed like the lock's classes (generated class, member)."""
+def committed_edits(
+    repo_root: Path, versions: Mapping[str, str]
+) -> dict[tuple[str, str], tuple[Edit, ...]]:
+    """Fork edits of the current overlay's members at ``versions`` (every edit of each, whatever
+    its own when=), keyed like the lock's classes (generated class, member)."""
     return {
         (member.class_key, member.decl.name): member.decl.edits
-        for member in declared_members(repo_root)
+        for member in declared_members(repo_root, versions)
         if member.decl.edits
     }

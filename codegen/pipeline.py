@@ -33,8 +33,9 @@ from codegen.generate import (
 from codegen.index import UpstreamIndex, sha256_text
 from codegen.lock import Lock, LockFormatError, read_lock, render_lock
 from codegen.lock_build import build_lock, sha256_of
+from codegen.model import OverlayClass, OverlayModule
 from codegen.overlay import OverlayError, committed_edits
-from codegen.releases import parse_range
+from codegen.releases import applies, parse_range
 from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
 
 
@@ -107,13 +108,16 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
 
 
 def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Finding]:
-    """Edits and deltas whose ``when=`` holds no supported release of its package (deltas: or
-    names a package that is not pinned): declarations nothing generates."""
+    """Members, edits and deltas whose ``when=`` holds no supported release of its package
+    (members and deltas: or names a package that is not pinned): declarations nothing generates;
+    and members of one name that one supported release would get twice."""
     findings = []
     for overlay in generation.overlays:
         for overlay_class in overlay.classes:
+            findings.extend(_overlapping_members(overlay, overlay_class, pins))
             for member in overlay_class.members:
-                limited = [(f"#{e.id}", "edit", e.when) for e in member.edits]
+                limited = [("", "member", member.when)]
+                limited += [(f"#{e.id}", "edit", e.when) for e in member.edits]
                 limited += [
                     (f"#delta:{d.kind.value}:{d.param}", "delta", d.when) for d in member.deltas
                 ]
@@ -140,6 +144,34 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
                             f"{overlay.generated_module}:{overlay_class.name}.{member.name}{label}",
                             f"when={when!r} {problem}",
                             Location(str(overlay.path), member.line),
+                        )
+                    )
+    return findings
+
+
+def _overlapping_members(
+    overlay: OverlayModule, overlay_class: OverlayClass, pins: dict[str, Pin]
+) -> list[Finding]:
+    """Members of one name whose ``when=`` ranges share a supported release."""
+    findings = []
+    names = {m.name for m in overlay_class.members}
+    for name in sorted(names):
+        alternatives = [m for m in overlay_class.members if m.name == name]
+        if len(alternatives) < 2:
+            continue
+        for pin in pins.values():
+            for release in pin.supported:
+                got = [m for m in alternatives if applies(m, {pin.package: release})]
+                if len(got) > 1:
+                    findings.append(
+                        Finding(
+                            Kind.OVERLAY_INVALID,
+                            Severity.BLOCK,
+                            f"{overlay.generated_module}:{overlay_class.name}.{name}",
+                            f"{len(got)} declarations of {name!r} apply to {pin.package} "
+                            f"{release} (lines {', '.join(str(m.line) for m in got)}); their "
+                            "when= ranges must not overlap",
+                            Location(str(overlay.path), got[1].line),
                         )
                     )
     return findings
@@ -197,7 +229,7 @@ def _changed_files(
     )
     new = Side(f"{source.version} (checked tree)", index)
     try:
-        edits = committed_edits(context.repo_root)
+        edits = committed_edits(context.repo_root, context.versions)
     except OverlayError:  # reported as OVL001; compare() then reports each fork as DRF060
         edits = {}
     prefix = f"the checked tree vs the pinned release {source.version}: "

@@ -89,6 +89,9 @@ TORCH_PINS: dict[str, tuple[str, ...]] = {
     # fails against it (`torchvision::nms does not exist`). PyPI has no torchaudio 2.13; 2.11.1
     # imports and runs with torch 2.13.0.
     "0.28.0": ("torch==2.13.0,!=2.13.0+cpu", "torchvision==0.28.0", "torchaudio==2.11.1"),
+    # 0.30.0 and 0.32.0 pin the same torch as 0.28.0 (their wheels require torch==2.13.0+cpu)
+    "0.30.0": ("torch==2.13.0,!=2.13.0+cpu", "torchvision==0.28.0", "torchaudio==2.11.1"),
+    "0.32.0": ("torch==2.13.0,!=2.13.0+cpu", "torchvision==0.28.0", "torchaudio==2.11.1"),
 }
 #: Bump when the steps below change in a way the pinned lists do not show.
 RECIPE_REVISION = 3

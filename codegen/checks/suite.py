@@ -136,12 +136,15 @@ def runtime_findings(
     if package is not None:
         apply_platform_patches(package)
 
+    from vllm import __version__
+
     from afd_models import plugin  # imports nothing heavy; vLLM comes with the first class
 
     registered = {}
-    for native, (afd_name, _) in plugin.AFD_ARCHITECTURES.items():
+    paths = plugin.registrations(__version__)
+    for native, (afd_name, _) in plugin.served_on(__version__).items():
         lazy: Any = ModelRegistry.models[native]  # vLLM's lazily imported registration
-        registered[plugin.registrations()[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
+        registered[paths[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
     # a pinned package that is not installed (vLLM-Ascend off an Ascend host) cannot be imported:
     # what was generated against it is checked statically only, and said so once per package
     assert generation.lock is not None, "the live checks run on an unblocked generation"

@@ -9,7 +9,7 @@ from codegen.drift.contracts import contract_findings
 from codegen.drift.forks import NewBodies, fork_findings
 from codegen.drift.renames import find_renames
 from codegen.drift.sides import Side
-from codegen.drift.symbols import Declared, symbol_findings
+from codegen.drift.symbols import OverlayMembers, symbol_findings
 from codegen.findings import Finding, Kind, Severity
 from codegen.lock import Lock, SymbolUse
 from codegen.markers import Edit
@@ -56,13 +56,13 @@ def compare(
     *,
     files: set[str] | None = None,
     own: frozenset[str] | None = None,
-    declared: Declared | None = None,
+    members: OverlayMembers | None = None,
 ) -> list[Finding]:
     """Every lock-based drift finding between two upstream trees (symbols, forks, contracts).
 
     ``files``: only symbols defined in these upstream files (paths as the lock records them).
     ``own``: the global names AFD's own members use (:func:`_unused_on_new`).
-    ``declared``: the overlay's signatures (:func:`symbol_findings`).
+    ``members``: what the overlay declares (:func:`symbol_findings`).
     """
     if files is not None:
         lock = _restricted(lock, files)
@@ -73,7 +73,7 @@ def compare(
     bodies.complete &= files is None  # a restricted lock rebases only some forks
     findings = [
         _unused_on_new(f, lock, bodies, own)
-        for f in symbol_findings(lock, old, new, renames, sites, declared)
+        for f in symbol_findings(lock, old, new, renames, sites, members)
     ]
     return findings + forks + list(contract_findings(lock, old, new))
 

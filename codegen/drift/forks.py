@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from codegen.drift.renames import Rename, only_renamed, re_anchored
+from codegen.drift.renames import Rename, only_renamed, re_anchored, renamed_code
 from codegen.drift.sides import Side, body_diff
 from codegen.edit import EditError
 from codegen.findings import Finding, Kind, Location, Severity
@@ -160,8 +160,10 @@ def _rebase(
         edit, matched = anchor.edit, list(anchor.matched)
         recorded = (member.anchors or {}).get(edit.id) if edit in old_edits else None
         before = list(recorded.matched) if recorded is not None else []
+        # a region changed only by a rename drift linked (a capture took the new name) is not
         if before and len(matched) == len(before) and matched != before:
-            changed_regions.append((edit.id, before, matched))
+            if [renamed_code(code, renames) for code in before] != matched:
+                changed_regions.append((edit.id, before, matched))
     old_target = old.index.find_member(base, name)
     diff = body_diff(
         old_target.source() if old_target else "",

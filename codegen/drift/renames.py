@@ -134,6 +134,15 @@ def relocated(side: Side, ref: SymbolRef, old_entry: SymbolDescription) -> tuple
     return None
 
 
+def renamed_code(code: str, renames: dict[str, Rename]) -> str:
+    """``code`` (an anchor's matched source) with the bare names ``renames`` found renamed: a
+    region that differs from the new release's only by those names did not change."""
+    for rename in renames.values():
+        if "." not in rename.old.qualname:
+            code = re.sub(rf"\b{re.escape(rename.old.qualname)}\b", rename.new.qualname, code)
+    return code
+
+
 def only_renamed(old: Member, new: Member, renames: dict[str, Rename]) -> str:
     """The renames (``a -> b``) that make ``old``'s body ``new``'s, up to cosmetics; "" if none do.
     Only bare names are renamed (not attributes, keywords or strings)."""

@@ -11,7 +11,7 @@ Nothing in the overlay or the lock is touched.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,15 +19,17 @@ from typing import Any
 from codegen.drift.compare import compare
 from codegen.drift.model_registry import native_architectures, registry_findings
 from codegen.drift.sides import Side
-from codegen.drift.symbols import Declared
+from codegen.drift.symbols import OverlayMembers
 from codegen.findings import Finding
 from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import read_lock
-from codegen.model import MemberKind
+from codegen.markers import Delta
+from codegen.model import MemberKind, Signature
 from codegen.names import global_names
 from codegen.overlay import committed_edits, declared_members
 from codegen.pipeline import Context, generate, open_context, up_to_date
+from codegen.releases import applies
 from codegen.report import as_markdown
 from codegen.sources import load_pins, locate
 
@@ -98,7 +100,7 @@ def run_drift(
     if (
         lock is not None
     ):  # the committed lock describes exactly this old version: no need to regenerate it
-        edits = committed_edits(repo_root)
+        edits = committed_edits(repo_root, old_context.versions)
     else:
         generation, old_index = generate(old_context)
         findings.extend(generation.findings)
@@ -112,7 +114,14 @@ def run_drift(
     if lock is not None:
         old, new = Side(old_version, old_index), Side(new_version, new_index)
         findings.extend(
-            compare(lock, edits, old, new, own=own_names(repo_root), declared=declared(repo_root))
+            compare(
+                lock,
+                edits,
+                old,
+                new,
+                own=own_names(repo_root),
+                members=overlay_members(repo_root, new_context.versions),
+            )
         )
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
     origins = {
@@ -131,17 +140,23 @@ def run_drift(
     )
 
 
-def declared(repo_root: Path) -> Declared:
-    """The overlay's signatures of forks and overrides, with every release's deltas for each base,
-    keyed by generated member (as the lock's ``used_by``)."""
-    return {
-        f"{member.class_key}.{member.decl.name}": (
-            member.decl.signature,
-            tuple(d for d in member.decl.deltas if d.applies_to(str(member.base))),
-        )
-        for member in declared_members(repo_root)
-        if member.decl.signature is not None
-    }
+def overlay_members(repo_root: Path, versions: Mapping[str, str]) -> OverlayMembers:
+    """What the overlay declares, for upstream at ``versions``: the signatures of the forks and
+    overrides that release gets (with every release's deltas for each base), and the generated
+    members of every release, keyed as the lock's ``used_by``."""
+    signatures: dict[str, tuple[Signature, tuple[Delta, ...]]] = {}
+    every: set[str] = set()
+    here: set[str] = set()
+    for member in declared_members(repo_root):  # one read of the overlay, every release's
+        key = f"{member.class_key}.{member.decl.name}"
+        every.add(key)
+        if not applies(member.decl, versions):
+            continue
+        here.add(key)
+        if member.decl.signature is not None:
+            deltas = tuple(d for d in member.decl.deltas if d.applies_to(str(member.base)))
+            signatures[key] = (member.decl.signature, deltas)
+    return OverlayMembers(signatures, frozenset(every), frozenset(every - here))
 
 
 def own_names(repo_root: Path) -> frozenset[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from codegen.drift.contracts import contract_ids
 from codegen.drift.renames import Rename, relocated
@@ -73,20 +74,36 @@ def _severity_for_change(uses: Uses) -> Severity:
 Declared = Mapping[str, tuple[Signature, tuple[Delta, ...]]]
 
 
+@dataclass(frozen=True)
+class OverlayMembers:
+    """What the overlay declares, as drift judges a target release by it."""
+
+    #: the forks and overrides the target release gets: their signatures and deltas
+    signatures: Declared
+    #: every generated member (``module:Class.member``) the overlay declares, on any release
+    every: frozenset[str]
+    #: of them, those the target release does not get (their ``when=`` excludes it)
+    elsewhere: frozenset[str]
+
+    def inherited_only(self, user: str) -> bool:
+        """A generated class's member the overlay never declares: an inherited upstream one."""
+        return user.startswith("afd_models._generated.") and user not in self.every
+
+
 def symbol_findings(
     lock: Lock,
     old: Side,
     new: Side,
     renames: dict[str, Rename] | None = None,
     sites: dict[str, list[str]] | None = None,
-    declared: Declared | None = None,
+    members: OverlayMembers | None = None,
 ) -> Iterator[Finding]:
     """Every recorded upstream symbol: removed, moved, renamed, signature and body changes.
 
     ``renames`` (from :func:`find_renames`) turn a removal into one "renamed" finding that
-    carries the forked call sites collected in ``sites`` by :func:`fork_findings`. ``declared``
-    (the overlay's signatures) makes a signature change the overlay already declares for the new
-    release info.
+    carries the forked call sites collected in ``sites`` by :func:`fork_findings`. ``members``
+    (what the overlay declares) makes info a signature change the overlay already declares for
+    the new release, and the removal of a symbol only members limited to other releases use.
     """
     contracts = contract_ids(lock)
     for key, entry in lock.symbols.items():
@@ -98,7 +115,7 @@ def symbol_findings(
                 yield _renamed(rename, entry.uses, users, old, (sites or {}).get(key, []))
             else:
                 yield from _one_symbol(
-                    ref, entry, users, old, new, sorted(contracts.get(key, ())), declared
+                    ref, entry, users, old, new, sorted(contracts.get(key, ())), members
                 )
         except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
             yield Finding(
@@ -137,7 +154,7 @@ def _one_symbol(
     old: Side,
     new: Side,
     contract_ids: list[str],
-    declared: Declared | None = None,
+    members: OverlayMembers | None = None,
 ) -> Iterator[Finding]:
     key = str(ref)
     uses = entry.uses
@@ -150,6 +167,13 @@ def _one_symbol(
     if current.kind in (SymbolKind.MISSING, SymbolKind.EXTERNAL):
         moved = relocated(new, ref, recorded)
         severity = _severity_for_loss(uses)
+        if (
+            members is not None
+            and entry.used_by
+            and all(user in members.elsewhere for user in entry.used_by)
+        ):  # every user is an overlay member limited (when=) to releases that still have it
+            severity = Severity.INFO
+            users += "; each is limited by its when= to other releases"
         if moved is not None:
             kind, where = moved
             yield Finding(
@@ -184,7 +208,7 @@ def _one_symbol(
             new=current.kind.value,
         )
         return
-    handled = _declared_for(entry.used_by, new, ref, declared or {})
+    handled = members is not None and _declared_for(entry.used_by, new, ref, members)
     yield from _signature_changes(ref, uses, users, old, new, before, after, handled)
     if recorded.kind is SymbolKind.CLASS and recorded.bases != current.bases:
         yield Finding(
@@ -308,10 +332,15 @@ def _signature_changes(
         )
 
 
-def _declared_for(used_by: Sequence[str], new: Side, ref: SymbolRef, declared: Declared) -> bool:
+def _declared_for(
+    used_by: Sequence[str], new: Side, ref: SymbolRef, members: OverlayMembers
+) -> bool:
     """Whether every generated member using ``ref`` declares, with the deltas of the new
-    release (their ``when=``), exactly ``ref``'s new signature: the overlay handles the change."""
+    release (their ``when=``), exactly ``ref``'s new signature: the overlay handles the change.
+    A class that only inherits ``ref`` takes upstream's new signature with it."""
     signature = new.signature(ref)
+    declared = members.signatures
+    used_by = [user for user in used_by if not members.inherited_only(user)]
     if signature is None or not used_by or any(user not in declared for user in used_by):
         return False
     return not any(

@@ -3,7 +3,10 @@ vLLM's own thresholds and rules, and the order in which the FFN side serves a sp
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
+import textwrap
 from typing import Any
 
 import pytest
@@ -142,16 +145,36 @@ def test_the_ffn_side_posts_each_peers_transfers_in_that_peers_order(
         assert ffn[peer] == expected
 
 
+@pytest.mark.every_release
 def test_micro_batches_keep_every_sm() -> None:
     """vLLM's wrapper reserves SMs for an all2all kernel (a CUDA-only context); the AFD wrapper,
-    whose exchange runs no such kernel, reserves none and needs no device for it."""
+    whose exchange runs no such kernel, reserves none and needs no device for it. Before vLLM
+    0.30 the reservation is a static method AFD overrides; from 0.30 ``__init__`` builds it, and
+    AFD's fork of ``__init__`` (which needs a CUDA stream to run) holds a null context instead."""
+    from vllm import __version__
     from vllm.config import VllmConfig
     from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
     from afd_models.generated_classes import generated_subclass
+    from afd_models.plugin import release_numbers
 
     wrapper = generated_subclass("AFDUBatchWrapper", UBatchWrapper)
-    with wrapper._create_sm_control_context(VllmConfig()):
-        pass
+    if release_numbers(__version__) < (0, 30):
+        with wrapper._create_sm_control_context(VllmConfig()):
+            pass
+        with pytest.raises(AssertionError, match="SM/CU control"):
+            UBatchWrapper._create_sm_control_context(VllmConfig())
+        return
+    from vllm.v1.worker.ubatch_utils import create_sm_control_context
+
+    assert "_create_sm_control_context" not in vars(wrapper)
+    init = ast.parse(textwrap.dedent(inspect.getsource(wrapper.__init__)))
+    assignments = {
+        ast.unparse(node.targets[0]): ast.unparse(node.value)
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+    }
+    assert assignments["self.sm_control"] == "contextlib.nullcontext()"
+    assert "create_sm_control_context" not in ast.unparse(init)
     with pytest.raises(AssertionError, match="SM/CU control"):
-        UBatchWrapper._create_sm_control_context(VllmConfig())
+        create_sm_control_context(VllmConfig().parallel_config)

@@ -18,10 +18,10 @@ from afd_models.cli.tiny_models import tiny_config
 #: V2 (bitwise) and V3 (``noaux_tc``, grouped top-k) run on every supported vLLM release; the
 #: other configurations vary AFD's own plan and run on the primary release only
 CASES = [
-    ("v2", "float32"),
-    ("v3", "bfloat16"),
-    pytest.param("v2-lite", "float32", marks=pytest.mark.primary_release),
-    pytest.param("v2-grouped", "bfloat16", marks=pytest.mark.primary_release),
+    pytest.param("v2", "float32", marks=pytest.mark.every_release),
+    pytest.param("v3", "bfloat16", marks=pytest.mark.every_release),
+    ("v2-lite", "float32"),
+    ("v2-grouped", "bfloat16"),
 ]
 
 

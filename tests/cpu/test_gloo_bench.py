@@ -11,9 +11,7 @@ import pytest
 
 from afd_models.cli import gloo_bench
 
-#: AFD's own benchmark tool: the connector it times is tested on every supported release
-#: (test_gloo_connector.py)
-pytestmark = pytest.mark.primary_release
+# AFD's own benchmark tool, on the primary release
 
 
 @pytest.mark.timeout(300)

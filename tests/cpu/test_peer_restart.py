@@ -425,6 +425,7 @@ def test_a_step_after_a_lost_one_has_one_budget() -> None:
     runner.afd_rejoin.stop()
 
 
+@pytest.mark.every_release
 def test_a_lost_step_fails_its_requests() -> None:
     """The output the Attention runner returns for a lost step names the step's requests, samples
     nothing for them, and is the only output whose requests the AFD scheduler fails."""
@@ -438,6 +439,7 @@ def test_a_lost_step_fails_its_requests() -> None:
     assert any("failing the step's 2 requests (the engine stays up" in line for line in lines)
 
 
+@pytest.mark.every_release
 def test_the_afd_scheduler_fails_the_requests_of_a_lost_step_and_goes_on(tiny_v2: Path) -> None:
     """vLLM's scheduler, as the AFD one, given a lost step: its requests finish with an error
     (nothing sampled), leave the runner's batch with the next step, the blocks the step wrote

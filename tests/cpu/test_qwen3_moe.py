@@ -60,10 +60,10 @@ def test_builder_is_reproducible_and_names_qwen3_tensors(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     "case",
     [
-        "qwen3-moe",
+        pytest.param("qwen3-moe", marks=pytest.mark.every_release),
         # further cases of the same logic: the primary release only (as in test_equivalence.py)
-        pytest.param("qwen3-moe-sparse", marks=pytest.mark.primary_release),
-        pytest.param("top1-dense-middle", marks=pytest.mark.primary_release),
+        "qwen3-moe-sparse",
+        "top1-dense-middle",
     ],
 )
 def test_verify_is_bitwise_for_both_gate_placements(

@@ -6,13 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from safetensors.torch import load_file
 
-#: the command line of AFD's own builder; the builder itself runs on every supported release,
-#: under every e2e and verify test
-pytestmark = pytest.mark.primary_release
-
+# the command line of AFD's own builder, on the primary release; the builder itself runs on
+# every supported release, under every e2e and verify test
 COMMAND = [sys.executable, "-m", "afd_models.cli.tiny_models"]
 
 

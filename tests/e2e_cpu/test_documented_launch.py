@@ -103,7 +103,6 @@ def test_every_doc_test_block_of_the_user_guide_is_run() -> None:
 
 # the commands are the same on every supported release (`tools/cpu_env.py path` names the env the
 # generated code is for); test_serve_pair.py serves each release in compiled mode
-@pytest.mark.primary_release
 def test_documented_launch_serves_a_completion_in_compiled_mode(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -79,6 +79,7 @@ def _primary() -> str:
     return str(registry_data(REPO)["SUPPORTED"]["vllm"][0])
 
 
+@pytest.mark.every_release
 def test_wheel_carries_code_generated_for_the_installed_vllm(wheel_venv: WheelVenv) -> None:
     """On every supported release (one other than the primary named with ``-C vllm=``), the
     venv's AFD workers import from the wheel, pass their freshness check against the lock the
@@ -100,6 +101,7 @@ def test_wheel_carries_code_generated_for_the_installed_vllm(wheel_venv: WheelVe
     assert not (wheel_venv.clone / "afd_models" / "_generated").exists()
 
 
+@pytest.mark.every_release
 def test_wheel_serves_batched_requests_and_stops_cleanly(
     wheel_venv: WheelVenv, model: Path, logs: Path, tmp_path: Path
 ) -> None:
@@ -150,7 +152,6 @@ def stale_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # plugin loading is vLLM's and the same on every release; the wheel test runs on each
-@pytest.mark.primary_release
 def test_stale_checkout_leaves_plain_vllm_alone_and_stops_afd_workers(
     stale_checkout: Path, model: Path, logs: Path
 ) -> None:

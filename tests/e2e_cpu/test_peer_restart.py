@@ -37,7 +37,9 @@ START_TIMEOUT_S = 600
 REQUEST_TIMEOUT_S = RESTART_S + 60
 SAME_BATCHES = ("--max-num-seqs", "1", "--no-enable-prefix-caching")
 
-pytestmark = pytest.mark.primary_release
+# the engines killed and restarted on the primary release (five server starts, three phases);
+# on every release, tests/cpu/test_peer_restart.py runs the generated AFD scheduler through a
+# lost step with vLLM's own scheduler code
 
 
 class Load:

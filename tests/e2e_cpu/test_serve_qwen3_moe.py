@@ -25,10 +25,9 @@ from tests.e2e_cpu.test_serve_pair import (
     _concurrently,
 )
 
-#: the second family's serving, on the primary release: on every supported release the compiled
-#: pair runs with DeepSeek (test_serve_pair.py) and Qwen3-MoE's layers are checked bitwise by
-#: `verify` (tests/cpu/test_qwen3_moe.py)
-pytestmark = pytest.mark.primary_release
+# the second family's serving, on the primary release: on every supported release the compiled
+# pair runs with DeepSeek (test_serve_pair.py) and Qwen3-MoE's layers are checked bitwise by
+# `verify` (tests/cpu/test_qwen3_moe.py)
 
 
 @pytest.fixture(scope="module")

@@ -87,9 +87,8 @@ TOPOLOGIES = [
     Topology("1A1F-TP2", attention_engines=(1,), peers=((0,),), tp=2),
 ]
 #: run on every supported vLLM release: 3A2F has vLLM DP inside an engine, several Attention
-#: engines and an FFN rank aggregating two peers; TP2 has vLLM's tensor parallelism. 2A1F and
-#: 2A2F are further cases of the same rank mapping, run on the primary release only.
-EVERY_RELEASE = {"3A2F", "1A1F-TP2"}
+#: engines and an FFN rank aggregating two peers. The others run on the primary release.
+EVERY_RELEASE = {"3A2F"}
 
 
 def _complete_all(server: serve.Server) -> list[list[int]]:
@@ -238,7 +237,7 @@ def memory(logs: Path) -> Iterator[dict[str, tuple[int, int]]]:
     "topology",
     [
         pytest.param(
-            t, id=t.name, marks=() if t.name in EVERY_RELEASE else pytest.mark.primary_release
+            t, id=t.name, marks=pytest.mark.every_release if t.name in EVERY_RELEASE else ()
         )
         for t in TOPOLOGIES
     ],

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from afd_models.config import AFDConfigError, parse_afd_config
-from afd_models.worker_config import refuse_unsupported
+from afd_models.worker_config import refuse_model_runner_v2, refuse_unsupported
 
 
 def engine(
@@ -187,3 +187,29 @@ def test_cam_async_is_refused_before_any_weight_loads(role: str) -> None:
         "CAMP2PAFDConnector, LoopbackAFDConnector"
     )
     refuse_unsupported(engine(), afd(role, connector="CAMP2PAFDConnector"))
+
+
+@pytest.mark.parametrize(
+    ("requested", "reason"),
+    [
+        (None, "vLLM 0.30.0 chose by default (on CUDA since vLLM 0.29)"),
+        (True, "VLLM_USE_V2_MODEL_RUNNER=1 asks for"),
+    ],
+)
+def test_model_runner_v2_is_refused_naming_the_setting_and_why(
+    requested: bool | None, reason: str
+) -> None:
+    """vLLM 0.29+ runs MoE models on CUDA on Model Runner V2 unless told otherwise; the AFD
+    workers' runners derive from the V1 runner, so an engine on V2 stops at start."""
+    with pytest.raises(AFDConfigError) as refused:
+        refuse_model_runner_v2(True, requested, "0.30.0")
+    assert str(refused.value) == (
+        f"{reason} its Model Runner V2, but the AFD workers build runners derived from vLLM's V1 "
+        "runner (GPUModelRunner / CPUModelRunner) and would not run on V2: set "
+        "VLLM_USE_V2_MODEL_RUNNER=0"
+    )
+
+
+@pytest.mark.parametrize("requested", [None, False])
+def test_the_v1_runner_is_accepted(requested: bool | None) -> None:
+    refuse_model_runner_v2(False, requested, "0.32.0")

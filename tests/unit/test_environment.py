@@ -133,6 +133,23 @@ def test_unsupported_release_is_refused(
         cpu_env.ensure(cpu_env.REPO_ROOT, vllm_version="0.27.0")
 
 
+def test_remove_deletes_each_supported_release_env_and_only_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`remove --vllm-version V` deletes V's env, for every supported release, and no other."""
+    monkeypatch.setenv("AFD_CPU_ENV", str(tmp_path / "env"))
+    supported = cpu_env.supported_versions()
+    assert supported[1:] == ("0.28.0", "0.30.0", "0.32.0")
+    envs = {v: tmp_path / ("env" if v == supported[0] else f"env-vllm{v}") for v in supported}
+    for env in envs.values():
+        (env / "bin").mkdir(parents=True)
+    for version in reversed(supported):
+        assert cpu_env.main(["remove", "--vllm-version", version]) == 0
+        assert {v for v, env in envs.items() if env.exists()} == set(
+            supported[: supported.index(version)]
+        )
+
+
 def test_supported_release_without_pins_is_an_error() -> None:
     """A supported non-primary release missing from TORCH_PINS is named in a clear error."""
     with pytest.raises(cpu_env.EnvError, match=r"0\.29\.0 .*TORCH_PINS"):

@@ -414,6 +414,93 @@ def test_a_delta_range_must_be_valid_and_hold_a_release(
     assert any(expected in m for m in messages), [f.one_line() for f in generation.findings]
 
 
+# --- when= on members: a member exists on the releases of its range only -----------------------
+
+MEMBER_ALTERNATIVES = """
+
+@subclass()
+class AFDBase(Base):
+    @override(when="vllm<0.28")
+    def helper(self, a: int, *, b: int = 2) -> int:
+        return a
+
+    @fork(delete("self.done = True", id="not-done", why="test"), when="vllm>=0.28")
+    def __init__(self, size: int, prefix: str = "") -> None: ...
+
+    @extend(when="vllm>=0.28")
+    def afd_only_later(self) -> int:
+        return 1
+
+    kind = override_attr("afd", when="vllm<0.28")
+"""
+
+
+def test_each_release_gets_the_members_of_its_range(tmp_path: Path) -> None:
+    """Members limited by when= are generated, checked and locked on their releases only; the
+    others keep inheriting upstream's."""
+    context = make_repo(tmp_path, HEADER + MEMBER_ALTERNATIVES)
+    key = "afd_models._generated.vllm.layers:AFDBase"
+    for version, members in (
+        ("0.26.0", ["helper", "kind"]),
+        ("0.28.0", ["__init__", "afd_only_later"]),
+    ):
+        generation, _ = generate(at_release(context, version))
+        assert not generation.findings, [f.one_line() for f in generation.findings]
+        assert generation.lock is not None
+        entry = generation.lock.classes[key]
+        assert sorted(entry.members) == members
+        text = generation.files[(GENERATED_ROOT / "vllm/layers.py").as_posix()]
+        assert ("def afd_only_later" in text) == (version == "0.28.0")
+        # the fork of __init__ (0.28.0 only) drops the statement its edit deletes
+        assert ("def __init__" in text) == (version == "0.28.0")
+        assert "self.done = True" not in text
+        assert ("helper" in entry.inherited) == (version == "0.28.0")
+
+
+@pytest.mark.parametrize(
+    ("overlay", "expected"),
+    [
+        # one name twice, the second without a range
+        (
+            "    @override(when='vllm<0.28')\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+            "        return a\n\n    @override\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+            "        return b\n",
+            "members may share a name only as per-release alternatives",
+        ),
+        # both ranges hold 0.26.0
+        (
+            "    @override(when='vllm<0.28')\n    def helper(self, a: int, *, b: int = 2) -> int:\n"
+            "        return a\n\n    @override(when='vllm<0.30')\n"
+            "    def helper(self, a: int, *, b: int = 2) -> int:\n        return b\n",
+            "2 declarations of 'helper' apply to vllm 0.26.0",
+        ),
+        (
+            "    @extend(when='vllm>=0.40')\n    def later(self) -> int:\n        return 1\n",
+            "when='vllm>=0.40' holds none of the supported releases (0.26.0, 0.28.0); drop the member",
+        ),
+        (
+            "    @extend(when='vlm>=0.28')\n    def later(self) -> int:\n        return 1\n",
+            "when='vlm>=0.28' names no pinned package; allowed: vllm",
+        ),
+        (
+            "    kind = override_attr('afd', when='vllm=<0.28')\n",
+            "when='vllm=<0.28'",
+        ),
+        (
+            "    @extend(7)\n    def later(self) -> int:\n        return 1\n",
+            "@extend takes only when=...",
+        ),
+    ],
+)
+def test_member_ranges_must_be_valid_hold_a_release_and_not_overlap(
+    overlay: str, expected: str, tmp_path: Path
+) -> None:
+    context = make_repo(tmp_path, HEADER + "\n@subclass()\nclass AFDBase(Base):\n" + overlay)
+    generation, _ = generate(at_release(context, "0.26.0"))
+    messages = [f.message for f in generation.findings if f.code == "OVL001"]
+    assert any(expected in m for m in messages), [f.one_line() for f in generation.findings]
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [

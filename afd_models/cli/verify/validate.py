@@ -19,7 +19,8 @@ from afd_models.cli.hf_config import (
     uses_mha,
 )
 from afd_models.cli.verify.errors import VerifyError
-from afd_models.plugin import AFD_ARCHITECTURES
+from afd_models.freshness import installed_vllm
+from afd_models.plugin import AFD_ARCHITECTURES, afd_architecture, served_on
 
 #: attention head sizes vLLM's CPU attention backend supports
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -54,10 +55,20 @@ def check_fields(config: dict[str, Any]) -> None:
     """Refuse an architecture without an AFD model, or a config without the fields its family
     needs (before ``--shrink``, which reads them)."""
     architectures = config.get("architectures") or []
-    if len(architectures) != 1 or architectures[0] not in AFD_ARCHITECTURES:
+    vllm_version = installed_vllm()
+    if vllm_version is None:
+        raise VerifyError("vLLM is not installed here; verify runs in a CPU env with vLLM")
+    served = served_on(vllm_version)
+    if len(architectures) != 1 or architectures[0] not in served:
+        refused = architectures[0] if len(architectures) == 1 else None
+        if refused in AFD_ARCHITECTURES:  # one vLLM gave a class of its own: say which and why
+            try:
+                afd_architecture(refused, vllm_version)
+            except ValueError as exc:
+                raise VerifyError(f"architectures={architectures!r}: {exc}") from None
         raise VerifyError(
             f"architectures={architectures!r} is not an architecture with an AFD model; "
-            f"allowed: one of {sorted(AFD_ARCHITECTURES)}"
+            f"allowed: one of {sorted(served)}"
         )
     qwen3 = architectures[0] == "Qwen3MoeForCausalLM"
     if qwen3 != is_qwen3_moe(config):

@@ -29,6 +29,7 @@ from afd_models.models.plan import afd_plan  # noqa: F401 (edit code)
 from afd_models.models.remote import RemoteExperts  # noqa: F401 (edit code)
 from codegen.markers import (
     contract,
+    delta,
     extend,
     fork,
     insert_after,
@@ -80,7 +81,7 @@ class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
         ),
         replace(
             """
-            if config.n_shared_experts is None or self.is_fusion_moe_shared_experts_enabled:
+            if config.n_shared_experts is None or $FUSED_SHARED_EXPERTS:
                 self.shared_experts = None
             else:
                 ...
@@ -90,18 +91,11 @@ class AFDAttentionDeepseekV2MoE(DeepseekV2MoE):
             why="shared experts run on the FFN role, inside its FusedMoE",
         ),
         replace(
-            "self.experts = FusedMoE(...)",
+            # FusedMoE before vLLM 0.27, FusedMoEFactory since: the lock records which
+            "self.experts = $MOE(...)",
             _REMOTE_EXPERTS,
             id="remote-experts",
             why="the experts run on the FFN role; the proxy exchanges activations through the connector",
-            when="vllm<0.27",
-        ),
-        replace(
-            "self.experts = FusedMoEFactory(...)",
-            _REMOTE_EXPERTS,
-            id="remote-experts",
-            why="as above; since vLLM 0.27 the MoE runner is built by FusedMoEFactory",
-            when="vllm>=0.27",
         ),
     )
     def __init__(
@@ -126,18 +120,11 @@ class AFDFFNDeepseekV2MoE(DeepseekV2MoE):
     @fork(
         _PLAN_FROM_CONTEXT,
         replace(
-            "FusedMoE($...BEFORE, gate=self.gate, $...AFTER)",
-            "FusedMoE($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
+            # FusedMoE before vLLM 0.27, FusedMoEFactory since
+            "$MOE($...BEFORE, gate=self.gate, $...AFTER)",
+            "$MOE($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
             id="external-router-on-gate-placement",
             why="with the gate on Attention the experts must use the router logits they receive",
-            when="vllm<0.27",
-        ),
-        replace(
-            "FusedMoEFactory($...BEFORE, gate=self.gate, $...AFTER)",
-            "FusedMoEFactory($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
-            id="external-router-on-gate-placement",
-            why="as above; since vLLM 0.27 the MoE runner is built by FusedMoEFactory",
-            when="vllm>=0.27",
         ),
     )
     def __init__(
@@ -224,6 +211,25 @@ class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
             id="norms-on-attention-role",
             why="the norms run in the native forward, on the Attention role only",
         ),
+        deltas=(
+            # vLLM 0.30 added the parameter (sparse-MLA index groups, handed to the attention
+            # class); its annotation is a string here because earlier releases lack the class
+            delta(
+                "param_added",
+                "index_group_builder",
+                ours="index_group_builder: 'SparseMLAIndexGroupBuilder | None' = None",
+                why="earlier releases' bodies never read it",
+                when="vllm<0.30",
+            ),
+            delta(
+                "param_annotation",
+                "index_group_builder",
+                upstream="SparseMLAIndexGroupBuilder | None",
+                ours="'SparseMLAIndexGroupBuilder | None'",
+                why="a string, so the one signature also holds where the class does not exist",
+                when="vllm>=0.30",
+            ),
+        ),
     )
     def __init__(
         self,
@@ -231,6 +237,7 @@ class AFDDeepseekV2DecoderLayer(DeepseekV2DecoderLayer):
         prefix: str,
         config: DeepseekV2Config | None = None,
         topk_indices_buffer: torch.Tensor | None = None,
+        index_group_builder: "SparseMLAIndexGroupBuilder | None" = None,  # noqa: F821 (0.30+)
     ) -> None: ...
 
     @extend

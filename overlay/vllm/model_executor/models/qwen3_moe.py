@@ -68,7 +68,7 @@ class AFDAttentionQwen3MoeSparseMoeBlock(Qwen3MoeSparseMoeBlock):
     @fork(
         _PLAN,
         wrap(
-            "self.gate = ReplicatedLinear(...)",
+            "self.gate = $GATE(...)",
             "if plan.gate_on_attention:",
             orelse="self.gate = PPMissingLayer()",
             id="gate-only-on-gate-placement",
@@ -81,18 +81,11 @@ class AFDAttentionQwen3MoeSparseMoeBlock(Qwen3MoeSparseMoeBlock):
             why="shared experts (of configs that have them) run on the FFN role, inside its FusedMoE",
         ),
         replace(
-            "self.experts = FusedMoE(...)",
+            # FusedMoE before vLLM 0.27, FusedMoEFactory since: the lock records which
+            "self.experts = $MOE(...)",
             _REMOTE_EXPERTS,
             id="remote-experts",
             why="the experts run on the FFN role; the proxy exchanges activations through the connector",
-            when="vllm<0.27",
-        ),
-        replace(
-            "self.experts = FusedMoEFactory(...)",
-            _REMOTE_EXPERTS,
-            id="remote-experts",
-            why="as above; since vLLM 0.27 the MoE runner is built by FusedMoEFactory",
-            when="vllm>=0.27",
         ),
         deltas=(_TRANSPOSED_BEFORE_028,),
     )
@@ -113,25 +106,18 @@ class AFDFFNQwen3MoeSparseMoeBlock(Qwen3MoeSparseMoeBlock):
     @fork(
         _PLAN,
         wrap(
-            "self.gate = ReplicatedLinear(...)",
+            "self.gate = $GATE(...)",
             "if not plan.gate_on_attention:",
             orelse="self.gate = PPMissingLayer()",
             id="gate-only-on-gate-placement",
             why="the gate's weights belong to the FFN role only when the gate runs here",
         ),
         replace(
-            "FusedMoE($...BEFORE, gate=self.gate, $...AFTER)",
-            "FusedMoE($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
+            # FusedMoE before vLLM 0.27, FusedMoEFactory since
+            "$MOE($...BEFORE, gate=self.gate, $...AFTER)",
+            "$MOE($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
             id="external-router-on-gate-placement",
             why="with the gate on Attention the experts must use the router logits they receive",
-            when="vllm<0.27",
-        ),
-        replace(
-            "FusedMoEFactory($...BEFORE, gate=self.gate, $...AFTER)",
-            "FusedMoEFactory($...BEFORE, gate=None if plan.gate_on_attention else self.gate, $...AFTER)",
-            id="external-router-on-gate-placement",
-            why="as above; since vLLM 0.27 the MoE runner is built by FusedMoEFactory",
-            when="vllm>=0.27",
         ),
         deltas=(_TRANSPOSED_BEFORE_028,),
     )
@@ -197,13 +183,24 @@ class AFDQwen3MoeDecoderLayer(Qwen3MoeDecoderLayer):
             id="norms-on-attention-role",
             why="the norms run in the native forward, on the Attention role only",
         ),
-        deltas=(_TRANSPOSED_BEFORE_028,),
+        deltas=(
+            _TRANSPOSED_BEFORE_028,
+            delta(
+                "param_added",
+                "mrope_positions_factor",
+                ours="mrope_positions_factor: int = 4",
+                why="vLLM 0.32 added it (multimodal rotary positions); earlier releases' bodies "
+                "never read it",
+                when="vllm<0.32",
+            ),
+        ),
     )
     def __init__(
         self,
         vllm_config: VllmConfig,
         prefix: str = "",
         is_fused_checkpoint_transposed: bool = False,
+        mrope_positions_factor: int = 4,
     ) -> None: ...
 
 

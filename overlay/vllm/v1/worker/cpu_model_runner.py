@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from vllm.compilation.cuda_graph import CUDAGraphStat, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor
@@ -32,6 +33,7 @@ from afd_models.runner_roles import (
     forward_across_restarts,
     load_attention,
     load_ffn,
+    refuse_preloaded_model,
     start_ffn_server,
     stop_role,
 )
@@ -53,6 +55,22 @@ LOAD_SPANS = (
         base="GPUModelRunner",
         why="calls super().load_model(), which opens the tracing span",
     ),
+    # vLLM 0.32's GPU runner takes a pre-loaded model (its weight cache); AFD refuses one
+    delta(
+        "param_added",
+        "model",
+        ours="model: nn.Module | None = None",
+        base="CPUModelRunner",
+        why="the CPU runner has no such parameter; AFD's override refuses a pre-loaded model",
+    ),
+    delta(
+        "param_added",
+        "model",
+        ours="model: nn.Module | None = None",
+        base="GPUModelRunner",
+        why="vLLM 0.32 added it; AFD's override refuses a pre-loaded model",
+        when="vllm<0.32",
+    ),
 )
 
 
@@ -61,7 +79,10 @@ class AFDAttentionCPUModelRunner(CPUModelRunner):
     """vLLM's runner with the AFD Attention model and its connector."""
 
     @override(deltas=LOAD_SPANS)
-    def load_model(self, load_dummy_weights: bool = False) -> None:
+    def load_model(
+        self, load_dummy_weights: bool = False, *, model: nn.Module | None = None
+    ) -> None:
+        refuse_preloaded_model(model)
         load = functools.partial(super().load_model, load_dummy_weights=load_dummy_weights)
         self.afd_connector, self.afd_graph_steps = load_attention(self, load)
         if type(self.model) is CUDAGraphWrapper:
@@ -116,14 +137,25 @@ class AFDAttentionCPUModelRunner(CPUModelRunner):
             # (the AFD scheduler finishes them with an error) and the engine stays up
             return fail_lost_step(scheduler_output, lost)
 
-    @override
+    @override(
+        deltas=(
+            delta(
+                "param_default",
+                "use_cascade_attn",
+                upstream=None,
+                ours="False",
+                why="vLLM 0.32 gave it a default (it ignores it now); we pass it on either way",
+                when="vllm<0.32",
+            ),
+        )
+    )
     def _determine_batch_execution_and_padding(
         self,
         num_tokens: int,
         num_reqs: int,
         num_scheduled_tokens_np: np.ndarray,
         max_num_scheduled_tokens: int,
-        use_cascade_attn: bool,
+        use_cascade_attn: bool = False,
         allow_microbatching: bool = True,
         force_eager: bool = False,
         force_uniform_decode: bool | None = None,
@@ -194,7 +226,10 @@ class AFDFFNCPUModelRunner(CPUModelRunner):
     """vLLM's runner loading the FFN half of the model; it serves steps instead of batches."""
 
     @override(deltas=LOAD_SPANS)
-    def load_model(self, load_dummy_weights: bool = False) -> None:
+    def load_model(
+        self, load_dummy_weights: bool = False, *, model: nn.Module | None = None
+    ) -> None:
+        refuse_preloaded_model(model)
         load = functools.partial(super().load_model, load_dummy_weights=load_dummy_weights)
         self.afd_connector = load_ffn(self, load)
         self.afd_server: FFNServer | None = None

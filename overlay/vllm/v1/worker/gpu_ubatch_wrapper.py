@@ -15,13 +15,15 @@ is the AFD one (announcing its replays) once :meth:`bind_afd_steps` ran.
 """
 
 import contextlib
+from collections.abc import Callable
 
-from vllm.config import VllmConfig
+import torch
+from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
 from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, split_step  # noqa: F401 (edit code)
-from codegen.markers import extend, fork, override, subclass, wrap
+from codegen.markers import extend, fork, override, replace, subclass, wrap
 
 
 @subclass()
@@ -42,12 +44,30 @@ class AFDUBatchWrapper(UBatchWrapper):
             )
             self.cudagraph_wrapper.bind_afd_steps(steps)
 
-    @override
+    @override(when="vllm<0.30")
     @staticmethod
     def _create_sm_control_context(vllm_config: VllmConfig):
         # vLLM reserves SMs for an all2all kernel during micro-batches and takes them from
         # DeepGEMM; the AFD exchange runs no such kernel, so compute keeps every SM
         return contextlib.nullcontext()
+
+    @fork(
+        replace(
+            "self.sm_control = create_sm_control_context(vllm_config.parallel_config)",
+            "self.sm_control = contextlib.nullcontext()",
+            id="no-reserved-sms",
+            why="the AFD exchange runs no all2all kernel, so compute keeps every SM (0.30 builds "
+            "the SM reservation in __init__ instead of a static method)",
+        ),
+        when="vllm>=0.30",
+    )
+    def __init__(
+        self,
+        runnable: Callable,
+        vllm_config: VllmConfig,
+        runtime_mode: CUDAGraphMode,
+        device: torch.cuda.device,
+    ): ...
 
     @fork(
         wrap(
