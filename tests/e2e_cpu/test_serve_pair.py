@@ -1,17 +1,21 @@
 """AFD end to end: FFN and Attention ``vllm serve`` processes on 127.0.0.1 against a plain vLLM baseline.
 
-For both gate placements (each started in a different order), in vLLM's default compiled mode:
-greedy completions of 4 concurrent requests equal a baseline compiled the same way, token for
-token; the FFN engine refuses requests; killing the FFN makes Attention requests fail with a
-clear error within the connector timeout; both roles stop cleanly and release their ports.
-Eager mode (``--enforce-eager``) serving batched requests and a clean stop are in
-test_install.py, where the pair runs from a wheel, on every release.
+Both pairs run in vLLM's default compiled mode, against one baseline compiled the same way.
 
-Token equality is checked with ``--max-num-seqs 1`` on both sides, so each sequence is decoded in
-the same batch shape on both: vLLM's eager CPU kernels are not batch-invariant, and a plain vLLM
-server does not reproduce its own outputs when concurrent requests land in different batches
-(measured, see docs/testing.md). Batched serving is covered by test_install.py, which sends
-4 concurrent requests with up to 16 sequences per step.
+* **From the checkout** (the primary release), the gate on the FFN, the FFN started first:
+  greedy completions of 4 concurrent requests equal the baseline's, token for token; both roles'
+  ``/metrics`` show the AFD series of the exchanges; the FFN engine refuses requests; killing the
+  FFN makes Attention requests fail with a clear error within the connector timeout; both roles
+  stop and release their ports.
+* **From the installed wheel** (every release; tests/e2e_cpu/test_install.py checks the wheel
+  itself), the gate on Attention, Attention started first: each prompt's completion, sent one at
+  a time, equals the baseline's; concurrent requests then share steps through the connector;
+  SIGTERM stops both roles with exit code 0, leaving no process or port behind.
+
+Token equality is checked with one sequence per engine step on both sides (``--max-num-seqs 1``,
+or requests sent one after another), so each sequence is decoded in the same batch shape: vLLM's
+CPU kernels are not batch-invariant, and a plain vLLM server does not reproduce its own outputs
+when concurrent requests land in different batches (measured, see docs/testing.md).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 
 from afd_models.cli import serve
 from tests import probes
+from tests.e2e_cpu.conftest import WheelVenv
 
 PROMPTS = [
     "Hello world, the license",
@@ -38,8 +43,6 @@ TIMEOUT_S = 10
 START_TIMEOUT_S = 600
 
 
-#: the pair every supported release serves (the others run on the primary)
-EVERY_RELEASE = pytest.mark.every_release
 #: one sequence per engine step: the same batch shapes on the baseline and the AFD pair
 ONE_SEQUENCE = ("--max-num-seqs", "1")
 
@@ -62,63 +65,42 @@ def _concurrently(server: serve.Server) -> list[list[int]]:
         return list(pool.map(lambda p: serve.complete(server, p, MAX_TOKENS), PROMPTS))
 
 
-@pytest.mark.parametrize(
-    ("gate_on_attention", "ffn_first"),
-    [
-        # on every supported release: the gate on Attention, where AFD's experts run the gate
-        # themselves; the other placement is checked layer by layer on every release
-        # (test_equivalence.py) and served here on the primary
-        pytest.param(False, True, id="gate-on-ffn/ffn-first"),
-        pytest.param(True, False, id="gate-on-attention/attention-first", marks=EVERY_RELEASE),
-    ],
-)
 def test_pair_matches_baseline_and_fails_cleanly(
-    gate_on_attention: bool,
-    ffn_first: bool,
     model: Path,
     logs: Path,
     baseline: serve.Server,
     tmp_path: Path,
 ) -> None:
-    """Start order does not matter; tokens equal the baseline; both roles' ``/metrics`` show the
-    AFD series of the exchanges; a dead FFN gives a clear, bounded failure."""
+    """The gate on the FFN, the FFN started first: tokens equal the baseline; both roles'
+    ``/metrics`` show the AFD series of the exchanges; a dead FFN gives a clear, bounded failure."""
     afd = {
         "port": serve.free_port(),
-        "compute_gate_on_attention": gate_on_attention,
         "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 240},
     }
-    tag = "attention" if gate_on_attention else "ffn"
     # each server's own fresh directory: vLLM's /metrics then serves its workers' series too
     prometheus = {role: tmp_path / f"prometheus-{role}" for role in ("ffn", "attention")}
     for directory in prometheus.values():
         directory.mkdir()
-    starters = [
-        lambda: serve.start_ffn(
-            f"ffn-{tag}",
-            model,
-            serve.free_port(),
-            logs,
-            afd,
-            cpu=serve.cpu(1),
-            env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["ffn"])},
-        ),
-        lambda: serve.start_attention(
-            f"attention-{tag}",
-            model,
-            serve.free_port(),
-            logs,
-            afd,
-            cpu=serve.cpu(0),
-            extra=ONE_SEQUENCE,
-            env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["attention"])},
-        ),
-    ]
-    if not ffn_first:
-        starters.reverse()
-    first = starters[0]()
+    ffn = serve.start_ffn(
+        "ffn-checkout",
+        model,
+        serve.free_port(),
+        logs,
+        afd,
+        cpu=serve.cpu(1),
+        env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["ffn"])},
+    )
     time.sleep(5)  # the second role really starts later
-    second = starters[1]()
-    ffn, attention = (first, second) if ffn_first else (second, first)
+    attention = serve.start_attention(
+        "attention-checkout",
+        model,
+        serve.free_port(),
+        logs,
+        afd,
+        cpu=serve.cpu(0),
+        extra=ONE_SEQUENCE,
+        env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["attention"])},
+    )
     try:
         serve.wait_ready([ffn, attention], START_TIMEOUT_S)
         expected = _concurrently(baseline)
@@ -145,6 +127,53 @@ def test_pair_matches_baseline_and_fails_cleanly(
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
     assert probes.port_is_free(afd["port"]) and probes.port_is_free(attention.port)
     assert codes[attention.name] is not None
+
+
+@pytest.mark.every_release
+def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
+    wheel_venv: WheelVenv, model: Path, logs: Path, baseline: serve.Server, tmp_path: Path
+) -> None:
+    """The gate on Attention, Attention started first, both roles running the installed wheel's
+    code: completions sent one at a time equal the baseline's; concurrent requests share steps
+    through the connector; SIGTERM stops both roles with exit code 0. (Stopping the Attention
+    role first also ends the FFN engine, which then reports its peer gone: the test above.)"""
+    afd = {
+        "port": serve.free_port(),
+        "compute_gate_on_attention": True,
+        "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 240},
+    }
+    from_wheel = {"python": wheel_venv.python, "cwd": tmp_path}
+    attention = serve.start_attention(
+        "attention-wheel",
+        model,
+        serve.free_port(),
+        logs,
+        afd,
+        cpu=serve.cpu(0),
+        env={"VLLM_SERVER_DEV_MODE": "1"},  # /collective_rpc, for the connector's step count
+        **from_wheel,
+    )
+    time.sleep(5)  # the second role really starts later
+    ffn = serve.start_ffn(
+        "ffn-wheel", model, serve.free_port(), logs, afd, cpu=serve.cpu(1), **from_wheel
+    )
+    try:
+        serve.wait_ready([ffn, attention], START_TIMEOUT_S)
+        expected = [serve.complete(baseline, p, MAX_TOKENS) for p in PROMPTS]
+        assert [serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS] == expected
+        assert all(len(tokens) == MAX_TOKENS for tokens in expected)
+        assert serve.ran_compiled(attention), attention.log_tail()
+        before = serve.connector_stats(attention)["steps"]
+        assert [len(tokens) for tokens in _concurrently(attention)] == [MAX_TOKENS] * len(PROMPTS)
+        steps = serve.connector_stats(attention)["steps"] - before
+        assert MAX_TOKENS <= steps < len(PROMPTS) * MAX_TOKENS  # sequences shared steps
+    finally:
+        ffn_code = serve.stop(ffn)  # FFN first: the Attention role notices nothing while idle
+        attention_code = serve.stop(attention)
+    assert (attention_code, ffn_code) == (0, 0)
+    assert not serve.group_alive(attention) and not serve.group_alive(ffn)
+    assert probes.port_is_free(afd["port"])
+    assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
 
 
 def _check_metrics(attention: serve.Server, ffn: serve.Server, tokens: int) -> None:

@@ -1,5 +1,5 @@
-"""Topologies beyond 1A1F end to end: 2A1F, 2A2F, 3A2F and 1A1F with TP 2, as separate
-``vllm serve`` processes.
+"""Topologies beyond 1A1F end to end: 2A2F, 3A2F and 1A1F with TP 2, as separate ``vllm serve``
+processes. (2A1F is 3A2F's first FFN rank with its two peers: it adds no case of its own.)
 
 Attention ranks come from vLLM data parallel inside one Attention engine (``--data-parallel-size``)
 and from several Attention engines, each naming its first rank with ``rank_offset``; every FFN
@@ -75,7 +75,7 @@ class Topology:
 
 
 TOPOLOGIES = [
-    Topology("2A1F", attention_engines=(2,), peers=((0, 1),)),
+    # one engine's DP ranks served by two FFN engines
     Topology("2A2F", attention_engines=(2,), peers=((0,), (1,))),
     # each FFN rank on its own loopback address, as FFN ranks on two nodes
     Topology(
