@@ -159,12 +159,18 @@ def _body_code(uses: frozenset[SymbolUse]) -> str:
     """What drift must report when a method's body changes, by the method's uses in the lock:
     a fork is re-based (DRF032; a lost anchor, DRF030, when the change splits the statements an
     edit anchors on); an overridden or otherwise used method reports the body (DRF020); a method
-    we inherit, relied on or not, reports an inherited body (DRF021)."""
+    we inherit, relied on or not, or rely on outside a class's MRO, reports an inherited or
+    relied-on body (DRF021)."""
     if SymbolUse.FORKED in uses:
         return "DRF032"
     if uses & OVERRIDES:
         return "DRF020"
-    if uses & {SymbolUse.INHERITED_RELIED_ON, SymbolUse.INHERITED}:
+    relied_or_inherited = {
+        SymbolUse.INHERITED_RELIED_ON,
+        SymbolUse.RELIED_ON_OUTSIDE,
+        SymbolUse.INHERITED,
+    }
+    if uses & relied_or_inherited:
         return "DRF021"
     return "DRF020"
 

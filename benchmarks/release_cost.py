@@ -2,9 +2,9 @@
 
     python benchmarks/release_cost.py
 
-Every marker call in ``overlay/`` with a ``when=`` (a member, an edit, a delta) is a declaration
-some supported release needs and another does not; its source lines (a member's whole
-definition, an edit's or delta's call) are what supporting that release costs. For each
+Every marker call in ``overlay/`` with a ``when=`` (a member, an edit, a delta, a contract) is a
+declaration some supported release needs and another does not; its source lines (a member's whole
+definition, an edit's, delta's or contract's call) are what supporting that release costs. For each
 supported release the table counts the lines whose range holds it without holding every release
 (what it adds to the common overlay) and the lines whose range holds it alone. Goal
 (docs/benchmarks.md): at most 60 lines per release. Reads source only; nothing is imported.
@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 GOAL_LINES = 60
 #: method markers: their ``when=`` limits a whole method (its decorators and body count)
 METHOD_MARKERS = {"override", "fork", "extend"}
-#: call markers: their ``when=`` limits the call's own lines (an edit, a delta, an attribute)
+#: call markers: their ``when=`` limits the call's own lines (an edit, a delta, an attribute,
+#: a contract)
 CALL_MARKERS = {
     "replace",
     "insert_before",
@@ -36,6 +37,7 @@ CALL_MARKERS = {
     "delta",
     "override_attr",
     "extend_attr",
+    "contract",
 }
 
 

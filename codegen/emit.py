@@ -90,7 +90,12 @@ def render_class(
     overlay = generated.overlay
     base_file = _module_file(generated.base.module, files)
     relied = [name for name in overlay.relies_on if name in generated.inherited]
-    relied_through_super = [name for name in overlay.relies_on if name not in generated.inherited]
+    relied_outside = [name for name in overlay.relies_on if ":" in name]
+    relied_through_super = [
+        name
+        for name in overlay.relies_on
+        if name not in generated.inherited and name not in relied_outside
+    ]
     header = [
         f"{generated.name} <- {generated.base} ({versions.get(generated.base.module.split('.')[0], '?')})",
         f"  overlay:  {generated.overlay_path}:{overlay.line} class {overlay.name}",
@@ -105,6 +110,8 @@ def render_class(
         header.append("  relies on inherited: " + ", ".join(relied))
     if relied_through_super:
         header.append("  relies on, through super(): " + ", ".join(relied_through_super))
+    if relied_outside:
+        header.append("  relies on, outside its MRO: " + ", ".join(relied_outside))
     body: list[cst.BaseStatement] = []
     if overlay.docstring:
         body.append(

@@ -178,7 +178,7 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.DRIFT_RETURN_ANNOTATION: "an upstream return annotation changed",
     Kind.DRIFT_DECORATORS: "upstream decorators changed",
     Kind.DRIFT_BODY: "the upstream body an override replaces changed",
-    Kind.DRIFT_INHERITED_BODY: "an inherited upstream body changed",
+    Kind.DRIFT_INHERITED_BODY: "an upstream body AFD inherits or relies on changed",
     Kind.DRIFT_CALLEE_SIGNATURE: "a name a forked body calls changed its signature",
     Kind.DRIFT_ANCHOR_LOST: "a fork's anchor matches nothing in the new version",
     Kind.DRIFT_ANCHOR_COUNT: "a fork's anchor matches a different number of places in the new version",

@@ -260,21 +260,34 @@ def _build_class(
         if m.decl.kind is MemberKind.OVERRIDE and calls_super(m.decl.node, m.decl.name)
     }
     contracts = {}
-    for relied, declared_contracts in overlay_class.relies_on.items():
+    for relied, all_contracts in overlay_class.relies_on.items():
+        declared_contracts = applicable(all_contracts, index.versions)
+        if not declared_contracts:
+            continue  # every contract is for other releases
         symbol = f"{overlay.generated_module}:{name}.{relied}"
-        if relied not in inherited and relied not in extended:
+        target = (
+            index.outside_method(relied)
+            if ":" in relied
+            else visible[relied]
+            if relied in inherited or relied in extended
+            else None
+        )
+        if target is None:
             findings.append(
                 Finding(
                     Kind.OVERLAY_INVALID,
                     Severity.BLOCK,
                     symbol,
-                    f"relies_on names {relied!r}, which is neither an inherited upstream method of "
-                    f"{base} nor one our override runs through super()",
+                    f"relies_on names {relied!r}, which is not a method upstream defines in "
+                    "that class's own body (name the class that defines it)"
+                    if ":" in relied
+                    else f"relies_on names {relied!r}, which is neither an inherited upstream "
+                    f"method of {base} nor one our override runs through super()",
                     where,
                 )
             )
             continue
-        matches = _contracts(visible[relied], declared_contracts, symbol, where, findings)
+        matches = _contracts(target, declared_contracts, symbol, where, findings)
         if matches is not None:
             contracts[relied] = matches
     return GeneratedClass(

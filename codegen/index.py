@@ -363,6 +363,19 @@ class UpstreamIndex:
                 return Member(cls.member(name), member, info)
         return None
 
+    def outside_method(self, relied: str) -> Member | None:
+        """The method ``module:Class.method`` that a ``relies_on`` key names outside a generated
+        class's MRO, defined in that class's own body; None when it defines none."""
+        ref = SymbolRef.parse(relied)
+        owner, _, method = ref.qualname.rpartition(".")
+        cls = SymbolRef(ref.module, owner)
+        node = self.own_members(cls).get(method) if self.owns(ref.module) else None
+        info = self.module(ref.module)
+        if node is None or info is None:
+            return None
+        member = Member(ref, node, info)
+        return member if member.is_method else None
+
     def all_members(self, ref: SymbolRef) -> dict[str, Member]:
         """Every member visible on ``ref`` through indexed classes, first definition wins."""
         result: dict[str, Member] = {}

@@ -49,6 +49,9 @@ class SymbolUse(enum.Enum):
     INHERITED = "inherited"
     #: a member a generated class inherits and states it relies on (``relies_on``)
     INHERITED_RELIED_ON = "inherited_relied_on"
+    #: a method outside a generated class's MRO that it states it relies on (a ``relies_on`` key
+    #: ``module:Class.method``): a decision the class depends on, such as which runner vLLM builds
+    RELIED_ON_OUTSIDE = "relied_on_outside"
     #: a name an overlay module imports from upstream
     IMPORTED_BY_OVERLAY = "imported_by_overlay"
     #: a name the generated code imports, or a member of an imported class a generated body reads

@@ -178,6 +178,10 @@ def build_lock(
             relied = name in generated.overlay.relies_on
             use = SymbolUse.INHERITED_RELIED_ON if relied else SymbolUse.INHERITED
             symbols.add(ref, use, f"{key}.{name}")
+        for name in generated.contracts:
+            outside = index.outside_method(name) if ":" in name else None
+            if outside is not None:
+                symbols.add(outside.ref, SymbolUse.RELIED_ON_OUTSIDE, key)
         classes[key] = ClassEntry(
             base=str(generated.base),
             base_mro=tuple(str(c) for c in mro),

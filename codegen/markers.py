@@ -116,6 +116,8 @@ class Contract:
     if_broken: str
     #: how many places the pattern matches in the pinned body
     count: int = 1
+    #: the upstream releases it is checked on, as for an edit's ``when``; None: all
+    when: str | None = None
 
 
 def replace(
@@ -175,9 +177,12 @@ def delta(
     return Delta(DifferenceKind(kind), param, upstream, ours, why, base, when)
 
 
-def contract(pattern: str, *, id: str, if_broken: str, count: int = 1) -> Contract:
-    """Declare what AFD relies on in an upstream method (an argument of ``relies_on``)."""
-    return Contract(pattern, id, if_broken, count)
+def contract(
+    pattern: str, *, id: str, if_broken: str, count: int = 1, when: str | None = None
+) -> Contract:
+    """Declare what AFD relies on in an upstream method (an argument of ``relies_on``), on the
+    releases of ``when`` (as for an edit), or on all."""
+    return Contract(pattern, id, if_broken, count, when)
 
 
 def subclass(
@@ -195,7 +200,9 @@ def subclass(
             overlay class name (one base only).
         relies_on: upstream methods whose behaviour AFD depends on (inherited, or run by an
             override's ``super()`` call), each with the contracts (``contract(...)``) that say
-            what exactly; drift checks them on every bump.
+            what exactly; drift checks them on every bump. A key ``"module:Class.method"`` names
+            a method outside the class's MRO whose decision the class depends on (such as the
+            config property that picks the runner vLLM builds).
     """
     del bases, name, relies_on
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, S
 from codegen.releases import applicable, parse_range
 
 MARKERS_MODULE = "codegen.markers"
+#: a ``relies_on`` key naming a method outside the class's MRO: ``module:Class.method``
+OUTSIDE_METHOD = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*\.[A-Za-z_]\w*"
 OVERLAY_DIR = "overlay"
 _METHOD_MARKERS = {
     "override": MemberKind.OVERRIDE,
@@ -263,7 +266,8 @@ class _Reader:
         )
 
     def _relies_on(self, node: ast.ClassDef, value: Any) -> dict[str, tuple[markers.Contract, ...]]:
-        """``{"method": (contract(...), ...)}``: every relied-on method states its contracts."""
+        """``{"method": (contract(...), ...)}``: every relied-on method states its contracts; a
+        method outside the class's MRO is named ``"module:Class.method"``."""
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -287,12 +291,24 @@ class _Reader:
             ids = [c.id for c in contracts]
             if len(set(ids)) != len(ids):
                 self.problem(node.lineno, f"{where}: contract ids must be unique, got {ids}")
+            if ":" in str(method) and not re.fullmatch(OUTSIDE_METHOD, str(method)):
+                self.problem(
+                    node.lineno,
+                    f"{where}: a method outside the class is named 'module:Class.method', "
+                    "e.g. 'vllm.config.vllm:VllmConfig.use_v2_model_runner'",
+                )
+                continue
             for c in contracts:
                 if c.count < 1 or not c.if_broken.strip() or not c.id.strip():
                     self.problem(
                         node.lineno,
                         f"{where}: contract {c.id!r} needs an id, count >= 1 and an if_broken sentence",
                     )
+                if c.when is not None:
+                    try:
+                        parse_range(c.when)
+                    except ValueError as exc:
+                        self.problem(node.lineno, f"{where}: contract {c.id!r}: {exc}")
             result[str(method)] = contracts
         return result
 

@@ -108,13 +108,29 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
 
 
 def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Finding]:
-    """Members, edits and deltas whose ``when=`` holds no supported release of its package
-    (members and deltas: or names a package that is not pinned): declarations nothing generates;
-    and members of one name that one supported release would get twice."""
+    """Members, edits, deltas and contracts whose ``when=`` holds no supported release of its
+    package (all but edits: or names a package that is not pinned): declarations nothing
+    generates or checks; and members of one name that one supported release would get twice."""
     findings = []
     for overlay in generation.overlays:
         for overlay_class in overlay.classes:
             findings.extend(_overlapping_members(overlay, overlay_class, pins))
+            contracts = [
+                (f"relies_on[{relied!r}]#{c.id}", c.when)
+                for relied, declared in overlay_class.relies_on.items()
+                for c in declared
+            ]
+            for label, when in contracts:
+                if when is not None and (problem := _dead_range(when, "contract", pins)):
+                    findings.append(
+                        Finding(
+                            Kind.OVERLAY_INVALID,
+                            Severity.BLOCK,
+                            f"{overlay.generated_module}:{overlay_class.name}.{label}",
+                            f"when={when!r} {problem}",
+                            Location(str(overlay.path), overlay_class.line),
+                        )
+                    )
             for member in overlay_class.members:
                 limited = [("", "member", member.when)]
                 limited += [(f"#{e.id}", "edit", e.when) for e in member.edits]
@@ -122,20 +138,7 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
                     (f"#delta:{d.kind.value}:{d.param}", "delta", d.when) for d in member.deltas
                 ]
                 for label, what, when in limited:
-                    if when is None:
-                        continue
-                    limit = parse_range(when)
-                    pin = pins.get(limit.package)
-                    if pin is None:
-                        if what == "edit":
-                            continue  # refused where the edits are applied (generate._fork)
-                        problem = f"names no pinned package; allowed: {', '.join(sorted(pins))}"
-                    elif not any(limit.contains(v) for v in pin.supported):
-                        problem = (
-                            f"holds none of the supported releases ({', '.join(pin.supported)}); "
-                            f"drop the {what} or the range"
-                        )
-                    else:
+                    if when is None or not (problem := _dead_range(when, what, pins)):
                         continue
                     findings.append(
                         Finding(
@@ -147,6 +150,24 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
                         )
                     )
     return findings
+
+
+def _dead_range(when: str, what: str, pins: dict[str, Pin]) -> str | None:
+    """What is wrong with ``when`` on a ``what`` (member, edit, delta, contract): it names no
+    pinned package (an edit's is refused where edits are applied) or holds none of its
+    supported releases; None if nothing."""
+    limit = parse_range(when)
+    pin = pins.get(limit.package)
+    if pin is None:
+        if what == "edit":
+            return None  # refused where the edits are applied (generate._fork)
+        return f"names no pinned package; allowed: {', '.join(sorted(pins))}"
+    if not any(limit.contains(v) for v in pin.supported):
+        return (
+            f"holds none of the supported releases ({', '.join(pin.supported)}); "
+            f"drop the {what} or the range"
+        )
+    return None
 
 
 def _overlapping_members(

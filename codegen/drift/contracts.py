@@ -26,8 +26,10 @@ def contract_ids(lock: Lock) -> dict[str, set[str]]:
 
 
 def relied_ref(entry: ClassEntry, name: str) -> str | None:
-    """The upstream method a generated class relies on by ``name``: inherited, or run by its
-    override's ``super()`` call."""
+    """The upstream method a generated class relies on by ``name``: inherited, run by its
+    override's ``super()`` call, or named outside its MRO (``module:Class.method``)."""
+    if ":" in name:
+        return name
     inherited = entry.inherited.get(name)
     if inherited is not None:
         return inherited
@@ -45,7 +47,12 @@ def contract_findings(lock: Lock, old: Side, new: Side) -> Iterator[Finding]:
             key = relied_ref(entry, name)
             if key is None:
                 continue
-            target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
+            if ":" in name:
+                target = new.index.outside_method(name)
+            elif new.index.is_indexed_class(base):
+                target = new.index.find_member(base, name)
+            else:
+                target = None
             if target is None or not target.is_method:
                 continue  # the removal is symbol_findings' to report
             recorded_symbol = lock.symbols.get(key)

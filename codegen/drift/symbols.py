@@ -33,12 +33,17 @@ _BREAKING_CHANGE = frozenset(
 )
 #: uses whose symbol disappearing breaks generation (or the runtime)
 _BREAKING_LOSS = _BREAKING_CHANGE | IMPORTS | {SymbolUse.READ_BY_RUNTIME}
+#: uses that state AFD relies on a method's behaviour (its contracts say how)
+_RELIED_ON = frozenset({SymbolUse.INHERITED_RELIED_ON, SymbolUse.RELIED_ON_OUTSIDE})
 #: uses whose symbol changing signature needs a look
-_REVIEWED_CHANGE = IMPORTS | {
-    SymbolUse.INHERITED_RELIED_ON,
-    SymbolUse.READ_BY_RUNTIME,
-    SymbolUse.BASE_ANCESTOR,
-}
+_REVIEWED_CHANGE = (
+    IMPORTS
+    | _RELIED_ON
+    | {
+        SymbolUse.READ_BY_RUNTIME,
+        SymbolUse.BASE_ANCESTOR,
+    }
+)
 
 
 _SIGNATURE_KINDS = {
@@ -56,7 +61,7 @@ _SIGNATURE_KINDS = {
 
 def _severity_for_loss(uses: Uses) -> Severity:
     """A symbol gone, renamed or turned into another kind: it blocks whatever uses it directly."""
-    if uses & (_BREAKING_LOSS | {SymbolUse.INHERITED_RELIED_ON}):
+    if uses & (_BREAKING_LOSS | _RELIED_ON):
         return Severity.BLOCK
     return _severity_for_change(uses)
 
@@ -230,7 +235,7 @@ def _one_symbol(
         f"{key} ({old.version})",
         f"{key} ({new.version})",
     )
-    inherited = bool(uses & {SymbolUse.INHERITED_RELIED_ON, SymbolUse.INHERITED})
+    inherited = bool(uses & (_RELIED_ON | {SymbolUse.INHERITED}))
     overridden = bool(uses & OVERRIDES)
     kind = Kind.DRIFT_INHERITED_BODY if inherited and not overridden else Kind.DRIFT_BODY
     old_node, new_node = old.node(ref), new.node(ref)
@@ -254,10 +259,10 @@ def _one_symbol(
     elif calling:
         severity = Severity.INFO
         message = "body changed; our overrides call super(), so the change reaches us"
-    elif SymbolUse.INHERITED_RELIED_ON in uses and contract_ids:
+    elif uses & _RELIED_ON and contract_ids:
         severity = Severity.INFO
         message = f"body changed (AFD relies on it; its contracts {', '.join(contract_ids)} are evaluated separately, DRF070/DRF071 when broken)"
-    elif SymbolUse.INHERITED_RELIED_ON in uses:
+    elif uses & _RELIED_ON:
         severity = Severity.REVIEW
         message = "body changed (AFD relies on it; no contract states how)"
     elif inherited:

@@ -20,7 +20,10 @@ topology:
 Like the pair tests, sequences are decoded one per rank (``--max-num-seqs 1``) on both sides, so
 each is computed in the same batch shape as on the baseline; the tiny model's large logit margins
 keep greedy tokens stable when an FFN rank computes two peers' rows in one batch. Engines run
-eagerly: compiled mode is covered by test_serve_pair.py, and these tests are about ranks.
+eagerly: compiled mode is covered by test_serve_pair.py, and these tests are about ranks. The
+baseline runs eagerly too: the compiled baseline of the pair tests cannot stand in for it (tried
+2026-12-03, to save an engine start per release: 2A2F's and 3A2F's eager tokens differed from
+it after a few tokens).
 """
 
 from __future__ import annotations

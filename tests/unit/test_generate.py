@@ -10,6 +10,7 @@ import pytest
 
 from afd_models.generated_registry import GENERATED_ROOT
 from codegen.generate import LOCK_PATH, calls_super
+from codegen.lock import SymbolUse
 from codegen.pipeline import Context, generate, up_to_date, write_output
 
 from .fake_repo import HEADER, make_repo
@@ -514,3 +515,91 @@ def test_member_ranges_must_be_valid_hold_a_release_and_not_overlap(
 def test_calls_super_counts_a_call_or_a_bound_super_method(body: str, expected: bool) -> None:
     node = cst.parse_statement(f"def load_weights(self, weights):\n    {body}\n")
     assert calls_super(node, "load_weights") is expected
+
+
+# --- contracts on a method outside the class's MRO (relies_on key "module:Class.method") -------
+
+#: a fake upstream config whose property decides what a worker builds
+CONFIG = '''
+"""Fake upstream config."""
+
+
+def read_setting():
+    return None
+
+
+class Config:
+    @property
+    def use_v2(self) -> bool:
+        setting = read_setting()
+        if setting is not None:
+            return setting
+        return False
+
+
+class Derived(Config):
+    pass
+'''
+OUTSIDE = "vllm.config:Config.use_v2"
+
+
+def outside(
+    key: str = OUTSIDE, pattern: str = "if setting is not None:\n    return setting", **kw: str
+) -> str:
+    extra = "".join(f", {name}={value!r}" for name, value in kw.items())
+    return (
+        f"\n@subclass(relies_on={{{key!r}: (contract({pattern!r}, id='setting', if_broken='w'{extra}),)}})\n"
+        "class AFDBase(Base):\n    pass\n"
+    )
+
+
+def test_a_contract_outside_the_class_is_checked_and_locked(tmp_path: Path) -> None:
+    """A class may rely on an upstream method it neither inherits nor overrides (the property
+    that picks what vLLM builds): its contracts are checked on the pinned body and locked, and
+    the method's symbol is recorded as relied on outside the MRO, for drift."""
+    generation, _ = generate(make_repo(tmp_path, HEADER + outside(), {"vllm/config.py": CONFIG}))
+    assert not generation.findings, [f.one_line() for f in generation.findings]
+    assert generation.lock is not None
+    entry = generation.lock.classes["afd_models._generated.vllm.layers:AFDBase"]
+    assert list(entry.relies_on) == [OUTSIDE]
+    assert entry.relies_on[OUTSIDE]["setting"].lines == (12,)
+    assert SymbolUse.RELIED_ON_OUTSIDE in generation.lock.symbols[OUTSIDE].uses
+    module = generation.files[(GENERATED_ROOT / "vllm/layers.py").as_posix()]
+    assert f"relies on, outside its MRO: {OUTSIDE}" in module
+
+
+@pytest.mark.parametrize(
+    ("overlay", "code", "expected"),
+    [
+        (outside(pattern="return True"), "CTR002", "matches 0 place(s)"),
+        (outside("vllm.config:Config.nowhere"), "OVL001", "not a method upstream defines"),
+        # inherited by Derived: name the class that defines it
+        (outside("vllm.config:Derived.use_v2"), "OVL001", "name the class that defines it"),
+        (outside("vllm.config:use_v2"), "OVL001", "named 'module:Class.method'"),
+        (outside(when="vllm>=0.40"), "OVL001", "holds none of the supported releases"),
+        (outside(when="vllm=<0.40"), "OVL001", "when='vllm=<0.40'"),
+    ],
+)
+def test_a_bad_outside_contract_is_refused(
+    overlay: str, code: str, expected: str, tmp_path: Path
+) -> None:
+    generation, _ = generate(make_repo(tmp_path, HEADER + overlay, {"vllm/config.py": CONFIG}))
+    found = [f for f in generation.findings if f.code == code and expected in f.message]
+    assert found, [f.one_line() for f in generation.findings]
+
+
+def test_a_contract_is_checked_and_locked_on_the_releases_of_its_range(tmp_path: Path) -> None:
+    """A contract with ``when=`` holds on its releases only: the other releases neither check
+    it (it would not match there) nor lock it."""
+    overlay = outside(pattern="return False", when="vllm<0.28")
+    context = make_repo(tmp_path, HEADER + overlay, {"vllm/config.py": CONFIG})
+    generation, _ = generate(at_release(context, "0.26.0"))
+    assert not generation.findings, [f.one_line() for f in generation.findings]
+    assert generation.lock is not None
+    assert generation.lock.classes["afd_models._generated.vllm.layers:AFDBase"].relies_on
+    later = context.sources["vllm"].root / "vllm/config.py"
+    later.write_text(later.read_text().replace("        return False\n", "        return True\n"))
+    generation, _ = generate(at_release(context, "0.28.0"))
+    assert not generation.findings, [f.one_line() for f in generation.findings]
+    assert generation.lock is not None
+    assert not generation.lock.classes["afd_models._generated.vllm.layers:AFDBase"].relies_on

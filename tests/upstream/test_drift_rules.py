@@ -351,3 +351,44 @@ def test_the_same_changes_on_a_release_whose_members_use_them_block(
     for symbol in (SM_CONTROL, PADDING):
         blocks = [f for f in findings if f.symbol == symbol and f.severity.value == "block"]
         assert blocks, [f.one_line() for f in findings if f.symbol == symbol]
+
+
+# --- a decision outside AFD's classes: which runner vLLM builds (relies_on "module:Class.method") -
+
+CONFIG = "vllm/config/vllm.py"
+RUNNER_CHOICE = "vllm.config.vllm:VllmConfig.use_v2_model_runner"
+WORKERS = ("AFDAttentionCPUWorker", "AFDAttentionWorker")
+
+
+def test_vllm_choosing_model_runner_v2_by_default_blocks() -> None:
+    """vLLM 0.29 made Model Runner V2 the default for every model on CUDA, AFD's architectures
+    included (AFD's workers run V1 runners): a body change drift reported as info before the
+    runner choice had contracts. Drift to 0.30 now blocks on exactly that contract, naming both
+    Attention workers; the choice's other contracts hold there."""
+    findings = run_drift(REPO, "0.30.0").findings
+    contract = f"{RUNNER_CHOICE}#v1-by-default-for-afd"
+    assert {f.symbol for f in findings if f.code == "DRF070"} == {contract}
+    broken = by_code(findings, "DRF070")[contract]
+    assert broken.severity.value == "block" and "vllm#53183" in broken.message
+    assert all(worker in broken.message for worker in WORKERS)
+    changed = by_code(findings, "DRF021")[RUNNER_CHOICE]
+    assert changed.severity.value == "info" and "no-triton-keeps-v1" in changed.message
+
+
+def test_the_cpu_platform_moving_onto_model_runner_v2_blocks(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    """Upstream is writing Triton-free stand-ins for V2's kernels: once vLLM stops keeping an
+    engine without Triton on V1, the CPU platform could pick V2, where the AFD CPU workers do not
+    run. That blocks at the audit; rewording the warning it logs is info."""
+    warning = '"Model Runner V2 requires Triton; using the V1 model runner instead."'
+    reworded = drift(
+        upstream_copy, tmp_path / "reworded", {CONFIG: once(warning, '"V1: no Triton."')}
+    )
+    assert alarms(reworded) == set()
+    checked = "        if not HAS_TRITON:\n            logger.warning_once(\n"
+    unchecked = "        if False:\n            logger.warning_once(\n"
+    dropped = drift(upstream_copy, tmp_path / "dropped", {CONFIG: once(checked, unchecked)})
+    contract = f"{RUNNER_CHOICE}#no-triton-keeps-v1"
+    assert alarms(dropped) == {("DRF070", "block", contract)}
+    assert "CPU platform" in by_code(dropped, "DRF070")[contract].message

@@ -28,7 +28,7 @@ from afd_models.runner_roles import (
     serve_from_config,
 )
 from afd_models.worker_config import prepare_worker_config
-from codegen.markers import delta, extend, override, subclass
+from codegen.markers import contract, delta, extend, override, subclass
 
 WORKER_BASES = ("CPUWorker", "vllm.v1.worker.gpu_worker:Worker")
 INIT_DEVICE_SPAN = delta(
@@ -45,8 +45,60 @@ RUNS_NOTHING = delta(
     why="the FFN worker refuses scheduler work; there is no forward to guard",
 )
 
+#: How vLLM picks the runner its workers build (``VllmConfig.use_v2_model_runner``). Every AFD
+#: runner derives from the V1 runner, and the workers refuse V2 naming the setting that avoids
+#: it (afd_models/worker_config.py): a change in that choice must block at the audit, not
+#: surprise an operator at start-up.
+RUNNER_CHOICE = {
+    "vllm.config.vllm:VllmConfig.use_v2_model_runner": (
+        contract(
+            """
+            use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER
+            if use_v2_model_runner is not None:
+                return use_v2_model_runner
+            """,
+            id="the-setting-decides",
+            if_broken="VLLM_USE_V2_MODEL_RUNNER=0, which the AFD workers' refusal names, "
+            "would no longer put an engine on the V1 runner they are written for",
+        ),
+        contract(
+            """
+            if not HAS_TRITON:
+                ...
+                return False
+            """,
+            id="no-triton-keeps-v1",
+            if_broken="vLLM's CPU platform, which has no Triton, could move onto Model Runner "
+            "V2, on which the AFD CPU workers do not run (upstream has Triton-free stand-ins "
+            "for V2's kernels in the works)",
+        ),
+        contract(
+            """
+            if not self._is_default_v2_model_runner_model():
+                return False
+            """,
+            id="v1-by-default-for-afd",
+            if_broken="vLLM would pick Model Runner V2 by default for models outside its "
+            "list, AFD's architectures among them (vLLM 0.29 did, vllm#53183)",
+            when="vllm<0.29",
+        ),
+        contract(
+            """
+            unsupported = self._get_v2_model_runner_unsupported_features()
+            if unsupported:
+                ...
+                return False
+            return True
+            """,
+            id="v2-unless-unsupported",
+            if_broken="vLLM's default runner for AFD's architectures would follow another "
+            "rule than V2 unless a feature of the engine is unsupported there",
+        ),
+    )
+}
 
-@subclass(bases=WORKER_BASES, name="AFDAttention{base}")
+
+@subclass(bases=WORKER_BASES, name="AFDAttention{base}", relies_on=RUNNER_CHOICE)
 class AFDAttentionCPUWorker(CPUWorker):
     """The Attention role: vLLM's worker serving requests with the AFD Attention model."""
 
