@@ -265,24 +265,19 @@ def _build_class(
         if not declared_contracts:
             continue  # every contract is for other releases
         symbol = f"{overlay.generated_module}:{name}.{relied}"
-        target = (
-            index.outside_method(relied)
-            if ":" in relied
-            else visible[relied]
-            if relied in inherited or relied in extended
-            else None
-        )
+        if ":" in relied:  # a method outside the class's MRO
+            target = index.outside_method(relied)
+            missing = "is not a method upstream defines in that class's own body (name the class that defines it)"
+        else:
+            target = visible[relied] if relied in inherited or relied in extended else None
+            missing = f"is neither an inherited upstream method of {base} nor one our override runs through super()"
         if target is None:
             findings.append(
                 Finding(
                     Kind.OVERLAY_INVALID,
                     Severity.BLOCK,
                     symbol,
-                    f"relies_on names {relied!r}, which is not a method upstream defines in "
-                    "that class's own body (name the class that defines it)"
-                    if ":" in relied
-                    else f"relies_on names {relied!r}, which is neither an inherited upstream "
-                    f"method of {base} nor one our override runs through super()",
+                    f"relies_on names {relied!r}, which {missing}",
                     where,
                 )
             )

@@ -36,14 +36,7 @@ _BREAKING_LOSS = _BREAKING_CHANGE | IMPORTS | {SymbolUse.READ_BY_RUNTIME}
 #: uses that state AFD relies on a method's behaviour (its contracts say how)
 _RELIED_ON = frozenset({SymbolUse.INHERITED_RELIED_ON, SymbolUse.RELIED_ON_OUTSIDE})
 #: uses whose symbol changing signature needs a look
-_REVIEWED_CHANGE = (
-    IMPORTS
-    | _RELIED_ON
-    | {
-        SymbolUse.READ_BY_RUNTIME,
-        SymbolUse.BASE_ANCESTOR,
-    }
-)
+_REVIEWED_CHANGE = IMPORTS | _RELIED_ON | {SymbolUse.READ_BY_RUNTIME, SymbolUse.BASE_ANCESTOR}
 
 
 _SIGNATURE_KINDS = {
