@@ -89,11 +89,12 @@ def render_class(
 ) -> cst.ClassDef:
     overlay = generated.overlay
     base_file = _module_file(generated.base.module, files)
-    relied = [name for name in overlay.relies_on if name in generated.inherited]
-    relied_outside = [name for name in overlay.relies_on if ":" in name]
+    # what this release relies on: the methods some of whose contracts hold on it
+    relied = [name for name in generated.contracts if name in generated.inherited]
+    relied_outside = [name for name in generated.contracts if ":" in name]
     relied_through_super = [
         name
-        for name in overlay.relies_on
+        for name in generated.contracts
         if name not in generated.inherited and name not in relied_outside
     ]
     header = [

@@ -175,7 +175,7 @@ def build_lock(
             for ref in class_members_used(member.node, namespace, index) if namespace else ():
                 symbols.add(ref, SymbolUse.IMPORTED_BY_GENERATED, f"{key}.{member.decl.name}")
         for name, ref in generated.inherited.items():
-            relied = name in generated.overlay.relies_on
+            relied = name in generated.contracts  # some of its contracts hold on this release
             use = SymbolUse.INHERITED_RELIED_ON if relied else SymbolUse.INHERITED
             symbols.add(ref, use, f"{key}.{name}")
         for name in generated.contracts:

@@ -603,3 +603,26 @@ def test_a_contract_is_checked_and_locked_on_the_releases_of_its_range(tmp_path:
     assert not generation.findings, [f.one_line() for f in generation.findings]
     assert generation.lock is not None
     assert not generation.lock.classes["afd_models._generated.vllm.layers:AFDBase"].relies_on
+
+
+def test_a_method_is_relied_on_only_where_one_of_its_contracts_holds(tmp_path: Path) -> None:
+    """An inherited method whose only contract is for older releases is plain inherited on a
+    later one: drift would otherwise ask for a review of every body change ("no contract
+    states how"), and the generated class would list it as relied on."""
+    overlay = (
+        "\n@subclass(relies_on={'helper': (contract('a + b', id='adds', if_broken='w', "
+        "when='vllm<0.28'),)})\nclass AFDBase(Base):\n    pass\n"
+    )
+    context = make_repo(tmp_path, HEADER + overlay)
+    helper = "vllm.layers:Base.helper"
+    module = (GENERATED_ROOT / "vllm/layers.py").as_posix()
+    for version, use in (
+        ("0.26.0", SymbolUse.INHERITED_RELIED_ON),
+        ("0.28.0", SymbolUse.INHERITED),
+    ):
+        generation, _ = generate(at_release(context, version))
+        assert not generation.findings, [f.one_line() for f in generation.findings]
+        assert generation.lock is not None
+        assert generation.lock.symbols[helper].uses == frozenset({use})
+        listed = "relies on inherited: helper" in generation.files[module]
+        assert listed is (use is SymbolUse.INHERITED_RELIED_ON)
