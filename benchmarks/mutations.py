@@ -44,7 +44,7 @@ from typing import Any
 from codegen.drift.contracts import relied_ref
 from codegen.drift.run import run_drift
 from codegen.drift.symbols import is_callee
-from codegen.lock import OVERRIDES, Lock, SymbolEntry, SymbolKind, SymbolUse
+from codegen.lock import OVERRIDES, RELIED_ON, Lock, SymbolEntry, SymbolKind, SymbolUse
 from codegen.model import MemberKind
 from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
@@ -165,12 +165,7 @@ def _body_code(uses: frozenset[SymbolUse]) -> str:
         return "DRF032"
     if uses & OVERRIDES:
         return "DRF020"
-    relied_or_inherited = {
-        SymbolUse.INHERITED_RELIED_ON,
-        SymbolUse.RELIED_ON_OUTSIDE,
-        SymbolUse.INHERITED,
-    }
-    if uses & relied_or_inherited:
+    if uses & (RELIED_ON | {SymbolUse.INHERITED}):
         return "DRF021"
     return "DRF020"
 

@@ -74,6 +74,8 @@ OVERRIDES = frozenset(
         SymbolUse.ATTRIBUTE_OVERRIDE,
     }
 )
+#: the uses that state AFD relies on a method's behaviour (its contracts say how)
+RELIED_ON = frozenset({SymbolUse.INHERITED_RELIED_ON, SymbolUse.RELIED_ON_OUTSIDE})
 
 
 class SymbolKind(enum.Enum):

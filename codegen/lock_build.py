@@ -179,9 +179,8 @@ def build_lock(
             use = SymbolUse.INHERITED_RELIED_ON if relied else SymbolUse.INHERITED
             symbols.add(ref, use, f"{key}.{name}")
         for name in generated.contracts:
-            outside = index.outside_method(name) if ":" in name else None
-            if outside is not None:
-                symbols.add(outside.ref, SymbolUse.RELIED_ON_OUTSIDE, key)
+            if ":" in name:  # resolved at generation: the key is the method's own reference
+                symbols.add(SymbolRef.parse(name), SymbolUse.RELIED_ON_OUTSIDE, key)
         classes[key] = ClassEntry(
             base=str(generated.base),
             base_mro=tuple(str(c) for c in mro),

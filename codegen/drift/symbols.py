@@ -12,7 +12,7 @@ from codegen.drift.renames import Rename, relocated
 from codegen.drift.sides import Side, body_diff
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import same_behaviour
-from codegen.lock import IMPORTS, OVERRIDES, Lock, SymbolEntry, SymbolKind, SymbolUse
+from codegen.lock import IMPORTS, OVERRIDES, RELIED_ON, Lock, SymbolEntry, SymbolKind, SymbolUse
 from codegen.lock_build import describe_symbol
 from codegen.markers import Delta, DifferenceKind
 from codegen.model import ParamKind, Signature, SymbolRef
@@ -33,10 +33,8 @@ _BREAKING_CHANGE = frozenset(
 )
 #: uses whose symbol disappearing breaks generation (or the runtime)
 _BREAKING_LOSS = _BREAKING_CHANGE | IMPORTS | {SymbolUse.READ_BY_RUNTIME}
-#: uses that state AFD relies on a method's behaviour (its contracts say how)
-_RELIED_ON = frozenset({SymbolUse.INHERITED_RELIED_ON, SymbolUse.RELIED_ON_OUTSIDE})
 #: uses whose symbol changing signature needs a look
-_REVIEWED_CHANGE = IMPORTS | _RELIED_ON | {SymbolUse.READ_BY_RUNTIME, SymbolUse.BASE_ANCESTOR}
+_REVIEWED_CHANGE = IMPORTS | RELIED_ON | {SymbolUse.READ_BY_RUNTIME, SymbolUse.BASE_ANCESTOR}
 
 
 _SIGNATURE_KINDS = {
@@ -54,7 +52,7 @@ _SIGNATURE_KINDS = {
 
 def _severity_for_loss(uses: Uses) -> Severity:
     """A symbol gone, renamed or turned into another kind: it blocks whatever uses it directly."""
-    if uses & (_BREAKING_LOSS | _RELIED_ON):
+    if uses & (_BREAKING_LOSS | RELIED_ON):
         return Severity.BLOCK
     return _severity_for_change(uses)
 
@@ -228,7 +226,7 @@ def _one_symbol(
         f"{key} ({old.version})",
         f"{key} ({new.version})",
     )
-    inherited = bool(uses & (_RELIED_ON | {SymbolUse.INHERITED}))
+    inherited = bool(uses & (RELIED_ON | {SymbolUse.INHERITED}))
     overridden = bool(uses & OVERRIDES)
     kind = Kind.DRIFT_INHERITED_BODY if inherited and not overridden else Kind.DRIFT_BODY
     old_node, new_node = old.node(ref), new.node(ref)
@@ -252,10 +250,10 @@ def _one_symbol(
     elif calling:
         severity = Severity.INFO
         message = "body changed; our overrides call super(), so the change reaches us"
-    elif uses & _RELIED_ON and contract_ids:
+    elif uses & RELIED_ON and contract_ids:
         severity = Severity.INFO
         message = f"body changed (AFD relies on it; its contracts {', '.join(contract_ids)} are evaluated separately, DRF070/DRF071 when broken)"
-    elif uses & _RELIED_ON:
+    elif uses & RELIED_ON:
         severity = Severity.REVIEW
         message = "body changed (AFD relies on it; no contract states how)"
     elif inherited:
