@@ -87,15 +87,40 @@ class AttentionGraphSteps:
             return call()
 
     @contextlib.contextmanager
-    def _graph_step(self, captured: bool, num_tokens: int) -> Iterator[None]:
+    def _graph_step(self, captured: bool, num_tokens: int, split: bool = False) -> Iterator[None]:
         if captured:
-            self.connector.announce_graph_step(num_tokens)
+            self.connector.announce_graph_step(num_tokens, split=split)
             self.counters.graph_replays += 1
             yield
             return
         with self.connector.capturing():
             yield
         self.counters.graph_captures += 1
+
+    # --- Model Runner V2: its graph manager captures and replays, its micro-batch runner splits
+
+    def replay(self, num_tokens: int, split: bool, call: Callable[[], T]) -> T:
+        """Run ``call``, V2's replay of the FULL graph of ``num_tokens`` (padded) tokens, split
+        into micro-batches if ``split``: the step is announced first, with the header kept at
+        capture."""
+        if split:
+            self.counters.ubatch_splits += 1
+        with self._graph_step(True, num_tokens, split):
+            return call()
+
+    def capture_forward(self, captures: bool) -> contextlib.AbstractContextManager[None]:
+        """What V2's graph manager runs one capture-time forward in: the capture of a FULL
+        graph (``captures``) records the exchange and announces nothing; a warm-up or a
+        piecewise capture runs as an eager step."""
+        return self._graph_step(False, 0) if captures else contextlib.nullcontext()
+
+    def plan_split(self, ubatch_tokens: Sequence[int], *, for_capture: bool) -> None:
+        """V2's micro-batch runner is about to run one step as micro-batches of
+        ``ubatch_tokens`` (padded): the connector's next step is split so. A step run for a
+        capture (its warm-up, or the capture itself) is not counted as a split step."""
+        self.connector.split_next_step(ubatch_tokens)
+        if not for_capture:
+            self.counters.ubatch_splits += 1
 
     @contextlib.contextmanager
     def split_step(self, ubatch_tokens: Sequence[int], graph: bool | None) -> Iterator[None]:
@@ -109,7 +134,7 @@ class AttentionGraphSteps:
         if graph is None:
             yield
             return
-        with self._graph_step(graph, sum(ubatch_tokens)):
+        with self._graph_step(graph, sum(ubatch_tokens), split=True):
             yield
 
     def report(self) -> None:
@@ -133,6 +158,21 @@ def split_step(
     tokens = [s.num_tokens for s in ubatch_slices]
     graph = sum(tokens) in graphs if runtime_mode is CUDAGraphMode.FULL else None
     return steps.split_step(tokens, graph)
+
+
+def capture_window(
+    manager: Any, desc: Any, warmup: bool
+) -> contextlib.AbstractContextManager[None]:
+    """What Model Runner V2's graph manager (the AFD one, ``manager``) runs one capture-time
+    forward of batch ``desc`` in (``warmup``: the pass before the capture):
+    :meth:`AttentionGraphSteps.capture_forward` of its steps (nothing before the runner binds
+    them)."""
+    steps: AttentionGraphSteps | None = manager.__dict__.get("afd_steps")
+    if steps is None:
+        return contextlib.nullcontext()
+    from vllm.config import CUDAGraphMode
+
+    return steps.capture_forward(not warmup and desc.cg_mode == CUDAGraphMode.FULL)
 
 
 @dataclass(frozen=True)

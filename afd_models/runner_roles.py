@@ -7,10 +7,12 @@ decorators and graph wrapper; their bodies call these for the part that is the s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from vllm.distributed import get_tensor_model_parallel_rank
@@ -26,6 +28,7 @@ from afd_models.connectors.base import (
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.connectors.p2p.rendezvous import PROBE_EVERY_S
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
+from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import (
     GRAPH_CLASSES,
     AttentionGraphSteps,
@@ -38,6 +41,60 @@ from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
 
 logger = get_logger(__name__)
+
+#: where vLLM's Model Runner V2 lives (vLLM's CUDA default since 0.29); every other runner a
+#: worker builds derives from the V1 runner
+MODEL_RUNNER_V2_MODULE = "vllm.v1.worker.gpu.model_runner"
+
+
+def attention_runner_class(upstream: type) -> type:
+    """The AFD Attention runner generated for ``upstream``, the runner class vLLM's worker chose
+    (Model Runner V2 or a V1 runner: the AFD worker follows vLLM's choice)."""
+    overlay_class = (
+        "AFDAttentionGPUModelRunnerV2"
+        if upstream.__module__ == MODEL_RUNNER_V2_MODULE
+        else "AFDAttentionCPUModelRunner"
+    )
+    return generated_subclass(overlay_class, upstream)
+
+
+def afd_graph_manager(upstream: type, steps: AttentionGraphSteps, *args: Any, **kwargs: Any) -> Any:
+    """Model Runner V2's CUDA-graph manager: the AFD subclass of ``upstream`` built from vLLM's
+    own arguments, announcing the replays of ``steps``."""
+    manager = generated_subclass("AFDModelCudaGraphManager", upstream)(*args, **kwargs)
+    manager.bind_afd_steps(steps)
+    return manager
+
+
+def afd_ubatch_runner(built: Any, steps: AttentionGraphSteps, *args: Any) -> Any:
+    """Model Runner V2's micro-batch runner: None where vLLM built none (``built``), else the AFD
+    subclass of its class from the same arguments, telling the connector of ``steps`` each split.
+    vLLM's own runner is built first, so that vLLM alone decides whether there is one (a few
+    small buffers and two streams, once, and only under DBO)."""
+    if built is None:
+        return None
+    runner = generated_subclass("AFDUBatchRunner", type(built))(*args)
+    runner.bind_afd_steps(steps)
+    return runner
+
+
+@dataclass
+class LostStep:
+    """What :func:`failing_lost_step` leaves: the failed step's output, or None when it ran."""
+
+    output: FailedStepOutput | None = None
+
+
+@contextlib.contextmanager
+def failing_lost_step(scheduler_output: Any) -> Iterator[LostStep]:
+    """Around Model Runner V2's forward calls: a step :func:`forward_across_restarts` gave up on
+    leaves its failed output (:func:`fail_lost_step`) instead of raising, for ``execute_model``
+    to return (V2 has no override point for the forward alone, and samples later)."""
+    lost = LostStep()
+    try:
+        yield lost
+    except AFDPeerLostError as error:
+        lost.output = fail_lost_step(scheduler_output, error)
 
 
 def load_attention(

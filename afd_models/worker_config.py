@@ -33,7 +33,7 @@ without vLLM.
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from afd_models.config import (
@@ -46,7 +46,7 @@ from afd_models.config import (
 )
 from afd_models.connectors.specs import CONNECTORS, SPECS
 from afd_models.log import get_logger
-from afd_models.plugin import afd_architecture
+from afd_models.plugin import afd_architecture, release_numbers
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -82,9 +82,6 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
         raise AFDConfigError(
             f"model {model_config.model!r} uses MLA, which vLLM's CPU platform cannot run; set VLLM_MLA_DISABLE=1"
         )
-    refuse_model_runner_v2(
-        vllm_config.use_v2_model_runner, envs.VLLM_USE_V2_MODEL_RUNNER, vllm_version
-    )
     check_connector_platform(afd, current_platform.device_type)
     refuse_unsupported(
         vllm_config,
@@ -97,6 +94,17 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
         config = replace(config, compilation_config=_with_exchange_splitting(config))
         if afd.dbo:
             with_dbo(config)
+        check_model_runner(
+            RunnerChoice(
+                engine_v2=vllm_config.use_v2_model_runner,
+                worker_v2=config.use_v2_model_runner,
+                requested=envs.VLLM_USE_V2_MODEL_RUNNER,
+                vllm_version=vllm_version,
+                is_cuda=current_platform.is_cuda(),
+                dbo=afd.dbo,
+                data_parallel_size=vllm_config.parallel_config.data_parallel_size,
+            )
+        )
         compilation = config.compilation_config
         logger.info(
             "AFD attention worker: compilation mode %s, CUDA graphs %s, splitting ops %s",
@@ -162,27 +170,71 @@ def _with_exchange_splitting(vllm_config: VllmConfig) -> Any:
     return compilation
 
 
-def refuse_model_runner_v2(use_v2: bool, requested: bool | None, vllm_version: str) -> None:
-    """Refuse vLLM's Model Runner V2: every AFD runner derives from the V1 runner.
+#: the first release whose Model Runner V2 the AFD Attention role runs on (CUDA): V2 has its own
+#: micro-batch runner there, and it is vLLM's CUDA default (since 0.29)
+MODEL_RUNNER_V2_FROM = "0.30"
 
-    ``use_v2`` is vLLM's choice for this engine, ``requested`` the ``VLLM_USE_V2_MODEL_RUNNER``
-    setting (None: unset, so vLLM chose by itself: since 0.29 it picks V2 on CUDA by default).
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    """Which runner vLLM picks for an Attention engine (``VllmConfig.use_v2_model_runner``)."""
+
+    #: vLLM's choice on the engine's config, which its scheduler follows
+    engine_v2: bool
+    #: vLLM's choice on the worker's own copy (AFD's DBO on), which picks the runner it builds
+    worker_v2: bool
+    #: ``VLLM_USE_V2_MODEL_RUNNER`` (None: unset, vLLM chose by itself)
+    requested: bool | None
+    vllm_version: str
+    is_cuda: bool
+    dbo: bool
+    data_parallel_size: int
+
+
+def check_model_runner(choice: RunnerChoice) -> None:
+    """Follow vLLM's runner choice for the Attention role where an AFD runner exists for it: the
+    V1 runners everywhere, Model Runner V2 on CUDA from vLLM 0.30. The FFN role keeps its own
+    V1-derived runner under either choice and is not checked.
 
     Raises:
-        AFDConfigError: vLLM would run this engine on Model Runner V2.
+        AFDConfigError: no AFD runner for vLLM's choice, a worker that would run another runner
+            than its engine's scheduler expects, or DBO on V2 with one DP rank.
     """
-    if not use_v2:
+    if not choice.engine_v2 and not choice.worker_v2:
         return
     why = (
         "VLLM_USE_V2_MODEL_RUNNER=1 asks for"
-        if requested
-        else f"vLLM {vllm_version} chose by default (on CUDA since vLLM 0.29)"
+        if choice.requested
+        else f"vLLM {choice.vllm_version} chose by default (on CUDA since vLLM 0.29)"
     )
-    raise AFDConfigError(
-        f"{why} its Model Runner V2, but the AFD workers build runners derived from vLLM's V1 "
-        "runner (GPUModelRunner / CPUModelRunner) and would not run on V2: set "
-        "VLLM_USE_V2_MODEL_RUNNER=0"
-    )
+    if choice.engine_v2 != choice.worker_v2:
+        v2, v1 = "Model Runner V2", "the V1 runner"
+        on, off = (v2, v1) if choice.engine_v2 else (v1, v2)
+        raise AFDConfigError(
+            f"additional_config.{AFD_KEY}.dbo={str(choice.dbo).lower()}: vLLM {choice.vllm_version} "
+            f"schedules this engine for {on} but would build {off} for its worker (vLLM runs "
+            "DBO on Model Runner V2 only when VLLM_USE_V2_MODEL_RUNNER is set); allowed: "
+            "VLLM_USE_V2_MODEL_RUNNER=1 (DBO on V2, with --data-parallel-size >= 2) or "
+            "VLLM_USE_V2_MODEL_RUNNER=0 (DBO on the V1 runner, one DP rank too)"
+        )
+    if not choice.is_cuda or release_numbers(choice.vllm_version) < release_numbers(
+        MODEL_RUNNER_V2_FROM
+    ):
+        where = "CUDA" if choice.is_cuda else "this platform"
+        raise AFDConfigError(
+            f"{why} its Model Runner V2, but the AFD Attention role runs on Model Runner V2 only "
+            f"on CUDA from vLLM {MODEL_RUNNER_V2_FROM} (not on {where} with vLLM "
+            f"{choice.vllm_version}); its runners here derive from vLLM's V1 runner: set "
+            "VLLM_USE_V2_MODEL_RUNNER=0"
+        )
+    if choice.dbo and choice.data_parallel_size < 2:
+        raise AFDConfigError(
+            f"additional_config.{AFD_KEY}.dbo=true with --data-parallel-size="
+            f"{choice.data_parallel_size} on Model Runner V2: V2 micro-batches only across more "
+            "than one DP rank (vLLM's maybe_build_ubatch_runner); allowed: "
+            "--data-parallel-size >= 2, or VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner, on which "
+            "the AFD Attention runner splits one DP rank alone)"
+        )
 
 
 def refuse_unsupported(

@@ -130,6 +130,9 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
                 )
             continue
         result.overlays.append(overlay)
+        classes = applicable(overlay.classes, index.versions)
+        if not classes:
+            continue  # every class is limited to other releases: no module for this one
         if index.module(overlay.upstream_module) is None:
             result.findings.append(
                 Finding(
@@ -142,9 +145,9 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
             )
             continue
         namespace = ModuleNamespace(overlay.generated_module, index, dict(overlay.imported))
-        namespace.generated = {c.generated_name(b) for c in overlay.classes for b in c.bases}
+        namespace.generated = {c.generated_name(b) for c in classes for b in c.bases}
         result.namespaces[overlay.generated_module] = namespace
-        for overlay_class in overlay.classes:
+        for overlay_class in classes:
             for base in overlay_class.bases:
                 built = _build_class(
                     index, overlay, overlay_class, base, namespace, result.findings

@@ -190,6 +190,7 @@ def subclass(
     bases: tuple[str, ...] = (),
     name: str | None = None,
     relies_on: Mapping[str, tuple[Contract, ...]] | None = None,
+    when: str | None = None,
 ) -> Callable[[type[T]], type[T]]:
     """Declare a plugin-owned subclass of one or more upstream classes.
 
@@ -203,8 +204,12 @@ def subclass(
             what exactly; drift checks them on every bump. A key ``"module:Class.method"`` names
             a method outside the class's MRO whose decision the class depends on (such as the
             config property that picks the runner vLLM builds).
+        when: the upstream releases the class is generated for (as for an edit), for an
+            upstream class that older releases lack; None: all. Elsewhere nothing of it is
+            generated, checked or locked, and an overlay module none of whose classes applies
+            generates no module.
     """
-    del bases, name, relies_on
+    del bases, name, relies_on, when
 
     def mark(cls: type[T]) -> type[T]:
         return cls

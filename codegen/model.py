@@ -210,6 +210,8 @@ class OverlayClass:
     decorators: tuple[cst.Decorator, ...]
     docstring: str | None
     line: int
+    #: the upstream releases the class is generated for, as for a member's ``when``; None: all
+    when: str | None = None
 
     def generated_name(self, base: SymbolRef) -> str:
         return self.name_template.replace("{base}", base.name)

@@ -227,7 +227,7 @@ class _Reader:
         if spec is None:
             self.problem(node.lineno, f"class {node.name} lacks @subclass(...)")
             return None
-        unknown = set(spec) - {"bases", "name", "relies_on"}
+        unknown = set(spec) - {"bases", "name", "relies_on", "when"}
         if unknown:
             self.problem(
                 node.lineno,
@@ -254,6 +254,11 @@ class _Reader:
                     f"{node.name}.{member.name}: declared {names.count(member.name)} times; "
                     "members may share a name only as per-release alternatives, each with its when=",
                 )
+        try:
+            when = self._member_when(spec.get("when"))
+        except ValueError as exc:
+            self.problem(node.lineno, f"class {node.name}: {exc}")
+            when = None
         return OverlayClass(
             name=node.name,
             bases=bases,
@@ -263,6 +268,7 @@ class _Reader:
             decorators=tuple(kept),
             docstring=ast.get_docstring(node),
             line=node.lineno,
+            when=when,
         )
 
     def _relies_on(self, node: ast.ClassDef, value: Any) -> dict[str, tuple[markers.Contract, ...]]:
@@ -528,7 +534,8 @@ def declared_members(
     the members upstream at those releases gets (their ``when=``)."""
     for path in overlay_files(repo_root):
         overlay = load_overlay(repo_root, path)
-        for overlay_class in overlay.classes:
+        classes = overlay.classes if versions is None else applicable(overlay.classes, versions)
+        for overlay_class in classes:
             members = (
                 overlay_class.members
                 if versions is None

@@ -114,6 +114,18 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
     findings = []
     for overlay in generation.overlays:
         for overlay_class in overlay.classes:
+            if overlay_class.when is not None and (
+                problem := _dead_range(overlay_class.when, "class", pins)
+            ):
+                findings.append(
+                    Finding(
+                        Kind.OVERLAY_INVALID,
+                        Severity.BLOCK,
+                        f"{overlay.generated_module}:{overlay_class.name}",
+                        f"when={overlay_class.when!r} {problem}",
+                        Location(str(overlay.path), overlay_class.line),
+                    )
+                )
             findings.extend(_overlapping_members(overlay, overlay_class, pins))
             contracts = [
                 (f"relies_on[{relied!r}]#{c.id}", c.when)
@@ -153,7 +165,7 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
 
 
 def _dead_range(when: str, what: str, pins: dict[str, Pin]) -> str | None:
-    """What is wrong with ``when`` on a ``what`` (member, edit, delta, contract): it names no
+    """What is wrong with ``when`` on a ``what`` (class, member, edit, delta, contract): it names no
     pinned package (an edit's is refused where edits are applied) or holds none of its
     supported releases; None if nothing."""
     limit = parse_range(when)

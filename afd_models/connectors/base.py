@@ -343,8 +343,9 @@ class AFDConnector(ABC):
         self._reset_steps()
         #: a CUDA graph is being captured: the exchange is recorded, not announced
         self.is_capturing = False
-        #: the header of each captured step, by token count, announced at its replays
-        self._captured: dict[int, StepHeader] = {}
+        #: the header of each captured step, by token count and whether it is split (vLLM may
+        #: hold a split and an unsplit graph of one size), announced at its replays
+        self._captured: dict[tuple[int, bool], StepHeader] = {}
 
     def _reset_steps(self) -> None:
         """No step in progress, none planned, and the next one announced as step 0 (a new
@@ -430,7 +431,8 @@ class AFDConnector(ABC):
                 ubatch_tokens=self.ubatches[0] if self.is_split else 0,
             )
             if self.is_capturing:
-                self._captured[header.num_tokens] = dataclasses.replace(header, graph=True)
+                captured = dataclasses.replace(header, graph=True)
+                self._captured[(header.num_tokens, self.is_split)] = captured
                 self._capture_header(header)
             else:
                 self._open_step(header)
@@ -469,18 +471,22 @@ class AFDConnector(ABC):
         finally:
             self.is_capturing = False
 
-    def announce_graph_step(self, num_tokens: int) -> None:
+    def announce_graph_step(self, num_tokens: int, *, split: bool = False) -> None:
         """Announce a step about to be replayed from the graph captured for ``num_tokens``
-        (padded) tokens; the replay itself runs the exchanges.
+        (padded) tokens, as two micro-batches if ``split``; the replay itself runs the exchanges.
 
         Raises:
-            AFDConnectionError: no graph of that size was captured through this connector.
+            AFDConnectionError: no such graph was captured through this connector.
         """
-        header = self._captured.get(num_tokens)
+        header = self._captured.get((num_tokens, split))
         if header is None:
+            captured = sorted(
+                f"{tokens} tokens{' split' if was_split else ''}"
+                for tokens, was_split in self._captured
+            )
             raise AFDConnectionError(
-                f"a CUDA graph replay of {num_tokens} tokens, but this connector captured graphs "
-                f"for {sorted(self._captured) or 'no size'}"
+                f"a CUDA graph replay of {num_tokens} tokens{' split' if split else ''}, but this "
+                f"connector captured graphs for {', '.join(captured) or 'no size'}"
             )
         self._open_step(header)
 

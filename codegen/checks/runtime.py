@@ -342,15 +342,24 @@ def _code_file(obj: Any) -> str | None:
 
     A plugin's patch is never standard-library code, so a standard-library wrapper (vLLM's own
     ``@contextlib.contextmanager`` or ``@functools.lru_cache``) is judged by the function it wraps
-    (``__wrapped__``), and so is a wrapper without code of its own.
+    (``__wrapped__``), and so is a wrapper without code of its own and torch's context-manager
+    decorator (vLLM's ``@torch.inference_mode()``, :data:`DECORATOR_WRAPPERS`).
     """
     inner = inspect.unwrap(obj, stop=_runs_own_code)
     return str(inner.__code__.co_filename) if _runs_own_code(inner) else None
 
 
+#: files of decorator wrappers outside the standard library that only run the function they
+#: wrap (``__wrapped__``) inside a context: judged by that function
+DECORATOR_WRAPPERS = ("torch/utils/_contextlib.py",)
+
+
 def _runs_own_code(obj: object) -> bool:
     code = getattr(obj, "__code__", None)
-    return code is not None and not _in_stdlib(code.co_filename)
+    if code is None or _in_stdlib(code.co_filename):
+        return False
+    file = Path(code.co_filename).as_posix()
+    return not (hasattr(obj, "__wrapped__") and file.endswith(DECORATOR_WRAPPERS))
 
 
 def _in_stdlib(file: str) -> bool:

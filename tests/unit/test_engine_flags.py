@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from afd_models.config import AFDConfigError, parse_afd_config
-from afd_models.worker_config import refuse_model_runner_v2, refuse_unsupported
+from afd_models.worker_config import RunnerChoice, check_model_runner, refuse_unsupported
 
 
 def engine(
@@ -189,27 +189,87 @@ def test_cam_async_is_refused_before_any_weight_loads(role: str) -> None:
     refuse_unsupported(engine(), afd(role, connector="CAMP2PAFDConnector"))
 
 
+def choice(**changes: object) -> RunnerChoice:
+    """An Attention engine on CUDA with vLLM 0.30.0 that vLLM put on Model Runner V2 by default."""
+    fields: dict[str, Any] = dict(
+        engine_v2=True,
+        worker_v2=True,
+        requested=None,
+        vllm_version="0.30.0",
+        is_cuda=True,
+        dbo=False,
+        data_parallel_size=1,
+    )
+    fields.update(changes)
+    return RunnerChoice(**fields)
+
+
 @pytest.mark.parametrize(
-    ("requested", "reason"),
+    "accepted",
     [
-        (None, "vLLM 0.30.0 chose by default (on CUDA since vLLM 0.29)"),
-        (True, "VLLM_USE_V2_MODEL_RUNNER=1 asks for"),
+        choice(),  # vLLM 0.29+'s CUDA default
+        choice(vllm_version="0.32.0", requested=True),
+        choice(dbo=True, requested=True, data_parallel_size=2),
+        choice(engine_v2=False, worker_v2=False, is_cuda=False, vllm_version="0.26.0"),
+        choice(engine_v2=False, worker_v2=False, dbo=True),  # V1 splits one DP rank alone
     ],
 )
-def test_model_runner_v2_is_refused_naming_the_setting_and_why(
-    requested: bool | None, reason: str
+def test_the_attention_worker_follows_vllms_runner_choice(accepted: RunnerChoice) -> None:
+    """Model Runner V2 on CUDA from vLLM 0.30 and the V1 runners anywhere are served."""
+    check_model_runner(accepted)
+
+
+@pytest.mark.parametrize(
+    ("refused", "reason"),
+    [
+        (choice(is_cuda=False, requested=True), "VLLM_USE_V2_MODEL_RUNNER=1 asks for"),
+        (
+            choice(vllm_version="0.28.0", requested=True),
+            "VLLM_USE_V2_MODEL_RUNNER=1 asks for",
+        ),
+        (
+            choice(vllm_version="0.29.1"),
+            "vLLM 0.29.1 chose by default (on CUDA since vLLM 0.29)",
+        ),
+    ],
+)
+def test_model_runner_v2_without_an_afd_runner_is_refused_naming_the_setting(
+    refused: RunnerChoice, reason: str
 ) -> None:
-    """vLLM 0.29+ runs MoE models on CUDA on Model Runner V2 unless told otherwise; the AFD
-    workers' runners derive from the V1 runner, so an engine on V2 stops at start."""
-    with pytest.raises(AFDConfigError) as refused:
-        refuse_model_runner_v2(True, requested, "0.30.0")
-    assert str(refused.value) == (
-        f"{reason} its Model Runner V2, but the AFD workers build runners derived from vLLM's V1 "
-        "runner (GPUModelRunner / CPUModelRunner) and would not run on V2: set "
-        "VLLM_USE_V2_MODEL_RUNNER=0"
+    """Off CUDA, and before vLLM 0.30, no AFD runner derives from Model Runner V2."""
+    where = "CUDA" if refused.is_cuda else "this platform"
+    with pytest.raises(AFDConfigError) as error:
+        check_model_runner(refused)
+    assert str(error.value) == (
+        f"{reason} its Model Runner V2, but the AFD Attention role runs on Model Runner V2 only "
+        f"on CUDA from vLLM 0.30 (not on {where} with vLLM {refused.vllm_version}); its runners "
+        "here derive from vLLM's V1 runner: set VLLM_USE_V2_MODEL_RUNNER=0"
     )
 
 
-@pytest.mark.parametrize("requested", [None, False])
-def test_the_v1_runner_is_accepted(requested: bool | None) -> None:
-    refuse_model_runner_v2(False, requested, "0.32.0")
+def test_dbo_on_model_runner_v2_needs_two_dp_ranks() -> None:
+    """V2 builds a micro-batch runner only with more than one DP rank; the AFD V1 runner splits
+    one DP rank alone, so the refusal names both ways out."""
+    with pytest.raises(AFDConfigError) as error:
+        check_model_runner(choice(dbo=True, requested=True))
+    assert str(error.value) == (
+        "additional_config.afd.dbo=true with --data-parallel-size=1 on Model Runner V2: V2 "
+        "micro-batches only across more than one DP rank (vLLM's maybe_build_ubatch_runner); "
+        "allowed: --data-parallel-size >= 2, or VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner, on "
+        "which the AFD Attention runner splits one DP rank alone)"
+    )
+
+
+def test_a_worker_on_another_runner_than_its_scheduler_is_refused() -> None:
+    """vLLM 0.30 keeps DBO off Model Runner V2 unless VLLM_USE_V2_MODEL_RUNNER is set: with the
+    AFD DBO switched on in the worker's copy only, the worker would build the V1 runner while
+    the engine's scheduler schedules for V2."""
+    with pytest.raises(AFDConfigError) as error:
+        check_model_runner(choice(dbo=True, worker_v2=False, data_parallel_size=2))
+    assert str(error.value) == (
+        "additional_config.afd.dbo=true: vLLM 0.30.0 schedules this engine for Model Runner V2 "
+        "but would build the V1 runner for its worker (vLLM runs DBO on Model Runner V2 only "
+        "when VLLM_USE_V2_MODEL_RUNNER is set); allowed: VLLM_USE_V2_MODEL_RUNNER=1 (DBO on V2, "
+        "with --data-parallel-size >= 2) or VLLM_USE_V2_MODEL_RUNNER=0 (DBO on the V1 runner, "
+        "one DP rank too)"
+    )

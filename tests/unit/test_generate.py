@@ -8,12 +8,12 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from afd_models.generated_registry import GENERATED_ROOT
+from afd_models.generated_registry import GENERATED_ROOT, REGISTRY_PATH
 from codegen.generate import LOCK_PATH, calls_super
 from codegen.lock import SymbolUse
 from codegen.pipeline import Context, generate, up_to_date, write_output
 
-from .fake_repo import HEADER, make_repo
+from .fake_repo import HEADER, make_repo, write
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -626,3 +626,61 @@ def test_a_method_is_relied_on_only_where_one_of_its_contracts_holds(tmp_path: P
         assert generation.lock.symbols[helper].uses == frozenset({use})
         listed = "relies on inherited: helper" in generation.files[module]
         assert listed is (use is SymbolUse.INHERITED_RELIED_ON)
+
+
+CLASS_FROM_028 = """
+
+@subclass(when="vllm>=0.28")
+class AFDLater(Base):
+    @extend
+    def afd_later(self) -> int:
+        return 1
+"""
+
+
+def test_a_class_is_generated_checked_and_locked_on_the_releases_of_its_range(
+    tmp_path: Path,
+) -> None:
+    """A class limited by when= (an upstream class older releases lack, such as Model Runner V2's
+    micro-batch runner from vLLM 0.30) exists on its releases only; an overlay module none of
+    whose classes applies mirrors nothing there, so its upstream module need not exist."""
+    context = make_repo(tmp_path, HEADER + CLASS_FROM_028)
+    write(context.repo_root, {"overlay/vllm/later.py": HEADER + CLASS_FROM_028})
+    key = "afd_models._generated.vllm.layers:AFDLater"
+    generation, _ = generate(at_release(context, "0.26.0"))
+    assert not generation.findings, [f.one_line() for f in generation.findings]
+    assert generation.lock is not None and key not in generation.lock.classes
+    assert not any(path.endswith(("vllm/layers.py", "vllm/later.py")) for path in generation.files)
+    assert "AFDLater" not in generation.files[REGISTRY_PATH.as_posix()]
+    generation, _ = generate(at_release(context, "0.28.0"))
+    (missing,) = generation.findings  # vllm/later.py is mirrored from 0.28 on: it must exist
+    assert (
+        missing.code == "OVL001"
+        and "mirrors vllm.later, which the pinned upstream" in missing.message
+    )
+    (tmp_path / "repo/overlay/vllm/later.py").unlink()
+    generation, _ = generate(at_release(context, "0.28.0"))
+    assert not generation.findings, [f.one_line() for f in generation.findings]
+    assert generation.lock is not None and "afd_later" in generation.lock.classes[key].members
+    assert (
+        "class AFDLater(Base)" in generation.files[(GENERATED_ROOT / "vllm/layers.py").as_posix()]
+    )
+
+
+@pytest.mark.parametrize(
+    ("when", "expected"),
+    [
+        (
+            "vllm>=0.40",
+            "when='vllm>=0.40' holds none of the supported releases (0.26.0, 0.28.0); drop the class",
+        ),
+        ("vllm=>0.28", "class AFDLater: when='vllm=>0.28'"),
+    ],
+)
+def test_a_class_range_must_be_valid_and_hold_a_release(
+    when: str, expected: str, tmp_path: Path
+) -> None:
+    overlay = CLASS_FROM_028.replace('when="vllm>=0.28"', f'when="{when}"')
+    generation, _ = generate(at_release(make_repo(tmp_path, HEADER + overlay), "0.26.0"))
+    messages = [f.message for f in generation.findings if f.code == "OVL001"]
+    assert any(expected in m for m in messages), messages

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from afd_models.worker_config import MODEL_RUNNER_V2_FROM
 from tools import gpu_check
 from tools.gpu_bundle import install as bundle_install
 from tools.gpu_bundle.manifest import BundleError
@@ -32,6 +33,16 @@ PIECEWISE = gpu_check.mode_named("piecewise")
 FULL = gpu_check.mode_named("full-decode-only")
 TOKENS = tuple(tuple(range(i, i + MAX_TOKENS)) for i in range(len(PROMPTS)))
 ONE_GPU = HostInfo("3.12.3", "2.11.0+cu128", "12.8", "0.26.0", ("NVIDIA H200",), ("0",))
+#: every mode, in table order: the V1 runner's, then Model Runner V2's (no DBO there)
+EVERY_MODE = (
+    "eager",
+    "piecewise",
+    "full-decode-only",
+    "dbo",
+    "eager-v2",
+    "piecewise-v2",
+    "full-decode-only-v2",
+)
 TWO_GPUS = dataclasses.replace(ONE_GPU, devices=("NVIDIA H200",) * 2, device_ids=("0", "1"))
 
 
@@ -59,7 +70,7 @@ def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
     base = EngineResult(
         "afd",
         ok=True,
-        classes=gpu_check.ATTENTION_CLASSES,
+        classes=mode.runner.attention_classes,
         tokens=TOKENS,
         tokens_per_run=96,
         timed_s=(1.0, 0.8, 1.2),
@@ -196,7 +207,7 @@ def test_only_and_gate_select_in_table_order() -> None:
     assert [m.name for m in options.modes] == ["eager", "full-decode-only"]
     assert options.gates == (Gate.FFN,)
     default = gpu_check.options_from(gpu_check.build_parser().parse_args([]))
-    assert [m.name for m in default.modes] == ["eager", "piecewise", "full-decode-only", "dbo"]
+    assert [m.name for m in default.modes] == list(EVERY_MODE)
     assert default.gates == (Gate.ATTENTION, Gate.FFN)
 
 
@@ -225,7 +236,6 @@ def test_resolve_env_puts_the_bundle_target_and_repo_first(tmp_path: Path) -> No
     assert installed == [(tmp_path / "parts", tmp_path / "site")]
     paths = env["PYTHONPATH"].split(os.pathsep)
     assert paths[:2] == [str(tmp_path / "site"), str(REPO_ROOT)]
-    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
 def test_gpu_bundle_exposes_the_install_the_check_calls() -> None:
@@ -485,8 +495,54 @@ def test_skip_nccl_and_unselected_modes_are_reported_as_such() -> None:
         "piecewise": ModeStatus.RAN,
         "full-decode-only": ModeStatus.NOT_SELECTED,
         "dbo": ModeStatus.NOT_SELECTED,
+        "eager-v2": ModeStatus.NOT_SELECTED,
+        "piecewise-v2": ModeStatus.NOT_SELECTED,
+        "full-decode-only-v2": ModeStatus.NOT_SELECTED,
     }
     assert report.nccl.reason == "--skip-nccl"
+
+
+def test_model_runner_v2_modes_run_where_the_hosts_vllm_has_them() -> None:
+    """Every mode but DBO runs again on Model Runner V2 with vLLM 0.30+; with an older vLLM
+    those modes are reported as not run, naming the release, and the rest still decides."""
+    old_host = _check(TWO_GPUS, FakeRunner())
+    statuses = {entry.mode.name: entry for entry in old_host.modes}
+    for name in ("eager-v2", "piecewise-v2", "full-decode-only-v2"):
+        assert statuses[name].status is ModeStatus.NEEDS_NEWER_VLLM
+        assert "Model Runner V2 from vLLM 0.30; this host has vLLM 0.26.0" in statuses[name].reason
+    assert "not run (vLLM 0.26.0 too old): eager-v2, piecewise-v2, full-decode-only-v2" in (
+        old_host.summary()
+    )
+    assert old_host.exit_code() == 0
+
+    runner = FakeRunner()
+    report = _check(dataclasses.replace(TWO_GPUS, vllm="0.30.0+cu130"), runner, ("--gate", "ffn"))
+    assert runner.natives == list(EVERY_MODE)
+    assert [m for m, _, _ in runner.nccl] == [
+        "eager",
+        "full-decode-only",
+        "dbo",
+        "eager-v2",
+        "full-decode-only-v2",
+    ]
+    assert report.exit_code() == 0 and "too old" not in report.summary()
+    assert "== full-decode-only-v2 (" in gpu_check.render(report)
+    assert "model runner v2, loopback connector" in gpu_check.render(report)
+
+
+def test_a_v2_mode_must_run_the_afd_v2_runner_and_replay_its_graphs() -> None:
+    """An Attention engine that ran the V1 runner in a V2 mode tested nothing of V2."""
+    mode = gpu_check.mode_named("full-decode-only-v2")
+    assert mode.runner is gpu_check.ModelRunner.V2 and mode.graphs is gpu_check.Expect.POSITIVE
+    assert mode.runner.since == MODEL_RUNNER_V2_FROM  # the release the workers accept V2 from
+    assert "dbo-v2" not in {m.name for m in gpu_check.MODES}
+    on_v1 = _afd(mode, classes=gpu_check.ATTENTION_CLASSES)
+    pair = gpu_check.evaluate_pair(mode, Gate.FFN, gpu_check.LOOPBACK, on_v1, _native())
+    assert pair.problems == (
+        "the AFD engine ran AFDAttentionWorker/AFDAttentionGPUModelRunner, expected "
+        "AFDAttentionWorker/AFDAttentionGPUModelRunnerV2",
+    )
+    assert gpu_check.evaluate_pair(mode, Gate.FFN, gpu_check.LOOPBACK, _afd(mode), _native()).passed
 
 
 def test_one_failed_run_makes_exit_2_and_is_shown() -> None:
@@ -548,7 +604,7 @@ def test_json_report_shape(tmp_path: Path) -> None:
     }
     assert data["device"] == {"name": "NVIDIA H200", "count": 1, "all": ["NVIDIA H200"]}
     modes = {entry["mode"]: entry for entry in data["modes"]}
-    assert set(modes["dbo"]) == {"mode", "status", "reason"}
+    assert set(modes["dbo"]) == {"mode", "model_runner", "status", "reason"}
     assert modes["dbo"]["status"] == "NCCL pair only"
     runs = modes["eager"]["runs"]
     assert [run["gate"] for run in runs] == ["attention", "ffn"]
@@ -641,7 +697,11 @@ def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
     [
         ({"FAKE_GPUS": "0"}, "sees no CUDA device"),
         ({"FAKE_VLLM": "raise"}, "`import vllm` fails in the engines' environment"),
-        ({"FAKE_VLLM_VERSION": "0.27.0"}, "vLLM 0.27.0 found, this checks vLLM 0.26.0"),
+        (
+            {"FAKE_VLLM_VERSION": "0.27.0"},
+            "vLLM 0.27.0 found, which AFD does not support; supported (overlay/pins.toml): "
+            "0.26.0, 0.28.0, 0.30.0, 0.32.0; pass --bundle DIR (vLLM 0.26.0)",
+        ),
     ],
     ids=["no-gpu", "no-vllm", "other-vllm"],
 )
@@ -710,6 +770,12 @@ def test_run_env_pins_the_device_and_dynamo_by_mode(tmp_path: Path) -> None:
     assert (eager["CUDA_VISIBLE_DEVICES"], full["CUDA_VISIBLE_DEVICES"]) == ("3", "2")
     assert eager["TORCHDYNAMO_DISABLE"] == "1" and "TORCHDYNAMO_DISABLE" not in full
     assert eager["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache")
+    # native vLLM and AFD run the runner of the mode
+    assert eager["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert (
+        gpu_check.run_env(setup, gpu_check.mode_named("eager-v2"), "3")["VLLM_USE_V2_MODEL_RUNNER"]
+        == "1"
+    )
 
 
 def test_worker_classes_look_through_vllms_worker_wrapper() -> None:

@@ -384,3 +384,21 @@ def test_a_module_import_is_a_symbol_of_its_own() -> None:
     assert list(check_imports({"json:": entry})) == []
     with pytest.raises(ValueError, match="not a 'module:Name' reference"):
         SymbolRef.parse("json")
+
+
+def test_torchs_inference_mode_decorator_is_judged_by_what_it_wraps() -> None:
+    """vLLM decorates runner methods with ``@torch.inference_mode()`` (Model Runner V2's
+    ``execute_model``, which the AFD V2 runner forks): torch's wrapper code lies outside the
+    upstream package but only runs the method it wraps; a patch behind it is still named."""
+    import torch
+
+    class Runner:
+        @torch.inference_mode()
+        def execute_model(self) -> str:
+            return "upstream"
+
+    class PatchedRunner:
+        execute_model = torch.inference_mode()(_foreign_function("execute_model"))
+
+    assert foreign_code(Runner, "execute_model") is None
+    assert foreign_code(PatchedRunner, "execute_model") == PATCH_FILE

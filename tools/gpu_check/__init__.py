@@ -1,6 +1,6 @@
-"""Check the AFD CUDA runtime against native vLLM 0.26.0 on this GPU host, and report.
+"""Check the AFD CUDA runtime against native vLLM on this GPU host, and report.
 
-    python -m tools.gpu_check                          # vLLM 0.26.0 (CUDA) already importable
+    python -m tools.gpu_check                          # a supported vLLM (CUDA) importable
     python -m tools.gpu_check --bundle DIR             # install tools.gpu_bundle's parts first
     python -m tools.gpu_check --only eager --gate ffn --json out.json
 
@@ -16,6 +16,13 @@ round trip. With two or more CUDA devices it also runs the two-process NCCL path
 the second device, Attention on the first); with one it says so and skips it (a skip, not a pass).
 DBO (``additional_config.afd.dbo``) runs in the NCCL pair only: an in-process FFN half would
 compute inside vLLM's micro-batch threads, which vLLM's MoE kernels refuse.
+
+Every mode runs on vLLM's V1 runner, and again on Model Runner V2 (``<mode>-v2``, native and AFD
+both with ``VLLM_USE_V2_MODEL_RUNNER=1``) where the host's vLLM is 0.30 or later; on an older
+one those modes are reported as not run, naming the release. DBO has no V2 mode: V2
+micro-batches only across two or more DP ranks, which the check's Attention engine does not
+have. The bundle carries vLLM 0.26.0 (torch 2.11); a host with another supported release
+installed runs that one, with the generated code of that release.
 
 Exit codes: 0 every run that ran passed; 2 a comparison or counter check failed; 3 bad usage, a
 host that cannot run the check (no vLLM and no ``--bundle``, no CUDA device, stale generated
@@ -36,6 +43,7 @@ from tools.gpu_check.cli import (
     build_parser,
     check,
     main,
+    needs_newer_vllm,
     options_from,
     resolve_env,
     vllm_importable,
@@ -43,6 +51,7 @@ from tools.gpu_check.cli import (
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare, probe
 from tools.gpu_check.modes import (
     ATTENTION_CLASSES,
+    ATTENTION_CLASSES_V2,
     ATTENTION_WORKER,
     COMMON_ENGINE_ARGS,
     ENGINE_ENV,
@@ -51,12 +60,14 @@ from tools.gpu_check.modes import (
     FFN_WORKER,
     LOOPBACK,
     MODES,
+    MODES_V2,
     NATIVE_CLASSES,
     NCCL,
     VLLM_VERSION,
     Expect,
     Gate,
     Mode,
+    ModelRunner,
     counter_problems,
     mode_named,
 )
@@ -77,6 +88,7 @@ from tools.gpu_check.verdict import PairResult, evaluate_pair
 
 __all__ = [
     "ATTENTION_CLASSES",
+    "ATTENTION_CLASSES_V2",
     "ATTENTION_WORKER",
     "COLUMNS",
     "COMMON_ENGINE_ARGS",
@@ -87,6 +99,7 @@ __all__ = [
     "FORMAT",
     "LOOPBACK",
     "MODES",
+    "MODES_V2",
     "NATIVE_CLASSES",
     "NCCL",
     "VLLM_VERSION",
@@ -97,6 +110,7 @@ __all__ = [
     "Mode",
     "ModeReport",
     "ModeStatus",
+    "ModelRunner",
     "NcclReport",
     "NcclStatus",
     "Options",
@@ -114,6 +128,7 @@ __all__ = [
     "llm_args",
     "main",
     "mode_named",
+    "needs_newer_vllm",
     "options_from",
     "prepare",
     "probe",

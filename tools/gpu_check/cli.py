@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from codegen.findings import CommandParser
+from codegen.releases import release_key
 from tools.gpu_check import runs
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare
 from tools.gpu_check.modes import MODES, VLLM_VERSION, Gate, Mode
@@ -29,7 +30,10 @@ from tools.harness.cli import UsageError, guarded, write_json
 from tools.harness.results import EngineResult
 
 PROG = "python -m tools.gpu_check"
-DESCRIPTION = "Check the AFD CUDA runtime against native vLLM 0.26.0 on this GPU host, and report."
+DESCRIPTION = (
+    "Check the AFD CUDA runtime against native vLLM on this GPU host, on vLLM's V1 runner and "
+    "on Model Runner V2 (vLLM 0.30+), and report."
+)
 
 
 class Runner(Protocol):
@@ -160,8 +164,8 @@ def resolve_env(
         if not vllm_found:
             raise UsageError(
                 f"vLLM is not importable by {sys.executable}: pass --bundle DIR (the parts of "
-                "`python -m tools.gpu_bundle build`), or run with a Python that has vLLM "
-                f"{VLLM_VERSION} (CUDA build)"
+                "`python -m tools.gpu_bundle build`), or run with a Python that has a "
+                f"supported vLLM's CUDA build (the bundle's: {VLLM_VERSION})"
             )
         return base_env()
     target = options.target or default_target()
@@ -177,7 +181,8 @@ def check(options: Options, setup: Setup, runner: Runner | None = None) -> Repor
     fakes).
     """
     engines: Runner = runs if runner is None else runner
-    nccl_modes = [m for m in options.modes if m.nccl]
+    too_old = {m.name: why for m in options.modes if (why := needs_newer_vllm(m, setup.host.vllm))}
+    nccl_modes = [m for m in options.modes if m.nccl and m.name not in too_old]
     nccl_skipped: str | None = None
     if not options.nccl:
         nccl_skipped = "--skip-nccl"
@@ -194,6 +199,9 @@ def check(options: Options, setup: Setup, runner: Runner | None = None) -> Repor
     for mode in MODES:
         if mode not in options.modes:
             reports.append(ModeReport(mode, ModeStatus.NOT_SELECTED, "left out by --only"))
+            continue
+        if mode.name in too_old:
+            reports.append(ModeReport(mode, ModeStatus.NEEDS_NEWER_VLLM, too_old[mode.name]))
             continue
         if mode.no_loopback is not None:
             # the native run serves the NCCL pair, when it runs
@@ -221,6 +229,17 @@ def check(options: Options, setup: Setup, runner: Runner | None = None) -> Repor
         nccl = NcclReport(NcclStatus.RAN, runs=tuple(nccl_pairs))
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return Report(date, setup.host, tuple(reports), nccl, str(setup.work_dir))
+
+
+def needs_newer_vllm(mode: Mode, vllm_version: str) -> str | None:
+    """Why ``mode`` cannot run with the host's vLLM (its runner came later), None if it can."""
+    since = mode.runner.since
+    if since is None or release_key(vllm_version) >= release_key(since):
+        return None
+    return (
+        f"the AFD Attention role runs on Model Runner {mode.runner.value.upper()} from vLLM "
+        f"{since}; this host has vLLM {vllm_version}"
+    )
 
 
 @dataclass(frozen=True)

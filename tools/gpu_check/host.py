@@ -46,6 +46,13 @@ def base_env(extra_paths: Sequence[Path] = ()) -> dict[str, str]:
     return env
 
 
+def supported_releases() -> tuple[str, ...]:
+    """The vLLM releases the overlay supports (``overlay/pins.toml``), the primary first."""
+    from codegen.sources import load_pins
+
+    return load_pins(REPO_ROOT / "overlay" / "pins.toml")["vllm"].supported
+
+
 def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
     """What the engines' interpreter sees. Raises UsageError when it cannot run the check."""
     out = work_dir / "probe.json"
@@ -66,9 +73,11 @@ def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
             f"`import vllm` fails in the engines' environment: {info['vllm_error']}; pass --bundle "
             "DIR (parts from `python -m tools.gpu_bundle build`)"
         )
-    if info["vllm"].split("+")[0] != VLLM_VERSION:
+    supported = supported_releases()
+    if info["vllm"].split("+")[0] not in supported:
         raise UsageError(
-            f"vLLM {info['vllm']} found, this checks vLLM {VLLM_VERSION}: pass --bundle DIR"
+            f"vLLM {info['vllm']} found, which AFD does not support; supported "
+            f"(overlay/pins.toml): {', '.join(supported)}; pass --bundle DIR (vLLM {VLLM_VERSION})"
         )
     if "afd_models_error" in info:
         raise UsageError(

@@ -4,6 +4,7 @@ where the MoE gate runs; with the settings every engine of the check shares."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from typing import Any
 
 from tools.harness.results import Counters
 
+#: the release the GPU bundle carries (``python -m tools.gpu_bundle``); a host with vLLM
+#: installed may have any supported release (overlay/pins.toml) whose code was generated
 VLLM_VERSION = "0.26.0"
 #: engine arguments every engine gets, native and AFD alike
 COMMON_ENGINE_ARGS: Mapping[str, Any] = {
@@ -26,8 +29,6 @@ ENGINE_ENV: Mapping[str, str] = {
     "VLLM_MLA_DISABLE": "1",
     # the engine core in the LLM's own process: collective_rpc calls the worker directly
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    # AFD's runners derive from vLLM's V1 runner; the native engine uses it too, for comparability
-    "VLLM_USE_V2_MODEL_RUNNER": "0",
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     # the AFD Attention worker refuses vLLM's breakable graph wrapper (it announces no AFD step)
@@ -37,6 +38,7 @@ ATTENTION_WORKER = "afd_models.workers.AFDAttentionWorker"
 FFN_WORKER = "afd_models.workers.AFDFFNWorker"
 NATIVE_CLASSES = "Worker/GPUModelRunner"
 ATTENTION_CLASSES = "AFDAttentionWorker/AFDAttentionGPUModelRunner"
+ATTENTION_CLASSES_V2 = "AFDAttentionWorker/AFDAttentionGPUModelRunnerV2"
 FFN_CLASSES = "AFDFFNWorker/AFDFFNGPUModelRunner"
 LOOPBACK = "LoopbackAFDConnector"
 NCCL = "NcclAFDConnector"
@@ -46,6 +48,29 @@ NCCL_TIMEOUT_S = 60
 #: seconds an engine process waits for the parent's go-ahead to exit (NCCL pair only)
 HOLD_S = 180
 EXCHANGE_IN_GRAPH = "n/a (inside the graph)"
+
+
+class ModelRunner(str, enum.Enum):
+    """vLLM's model runner a mode runs on (``VLLM_USE_V2_MODEL_RUNNER``, set for native vLLM and
+    AFD alike, so that both run the same runner)."""
+
+    V1 = "v1"
+    #: Model Runner V2, vLLM's CUDA default since 0.29; AFD's Attention role runs on it from 0.30
+    V2 = "v2"
+
+    @property
+    def env_value(self) -> str:
+        return "1" if self is ModelRunner.V2 else "0"
+
+    @property
+    def attention_classes(self) -> str:
+        """The AFD Attention engine's worker and runner classes on this runner."""
+        return ATTENTION_CLASSES_V2 if self is ModelRunner.V2 else ATTENTION_CLASSES
+
+    @property
+    def since(self) -> str | None:
+        """The first vLLM release whose AFD Attention role runs on it (None: every one)."""
+        return "0.30" if self is ModelRunner.V2 else None
 
 
 class Expect(str, enum.Enum):
@@ -78,6 +103,8 @@ class Mode:
     afd: Mapping[str, Any] = field(default_factory=dict)
     #: why the loopback pair on one GPU cannot run this mode (it runs in the NCCL pair only)
     no_loopback: str | None = None
+    #: the model runner of native vLLM and of the AFD Attention engine
+    runner: ModelRunner = ModelRunner.V1
 
     def llm_args(self) -> dict[str, Any]:
         return copy.deepcopy(dict(self.engine_args))
@@ -131,6 +158,17 @@ MODES: tuple[Mode, ...] = (
         ),
     ),
 )
+
+
+#: the modes again on Model Runner V2 (``<mode>-v2``), all but DBO: V2 micro-batches only across
+#: two or more DP ranks (the AFD workers refuse DBO on V2 with one), and the check's Attention
+#: engine has one
+MODES_V2: tuple[Mode, ...] = tuple(
+    dataclasses.replace(mode, name=f"{mode.name}-v2", runner=ModelRunner.V2)
+    for mode in MODES
+    if not mode.afd.get("dbo")
+)
+MODES = MODES + MODES_V2
 
 
 def mode_named(name: str) -> Mode:

@@ -22,6 +22,8 @@ class ModeStatus(str, enum.Enum):
     #: the mode runs in the NCCL pair only (its runs are the NCCL pair's)
     NCCL_ONLY = "NCCL pair only"
     NOT_SELECTED = "not selected"
+    #: the host's vLLM is older than the mode's runner needs
+    NEEDS_NEWER_VLLM = "needs a newer vLLM"
 
 
 class NcclStatus(str, enum.Enum):
@@ -78,6 +80,9 @@ class Report:
         runs = self.runs()
         passed = sum(run.passed for run in runs)
         parts = [f"{passed} passed", f"{len(runs) - passed} failed"]
+        older = [m.mode.name for m in self.modes if m.status is ModeStatus.NEEDS_NEWER_VLLM]
+        if older:
+            parts.append(f"not run (vLLM {self.host.vllm} too old): {', '.join(older)}")
         if self.nccl.status is NcclStatus.SKIPPED:
             nccl_only = [m.mode.name for m in self.modes if m.status is ModeStatus.NCCL_ONLY]
             if nccl_only:
@@ -88,7 +93,11 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         modes = []
         for report in self.modes:
-            entry: dict[str, Any] = {"mode": report.mode.name, "status": report.status.value}
+            entry: dict[str, Any] = {
+                "mode": report.mode.name,
+                "model_runner": report.mode.runner.value,
+                "status": report.status.value,
+            }
             if report.status is ModeStatus.RAN:
                 entry["engine_args"] = report.mode.llm_args()
                 entry["runs"] = [run.as_dict() for run in report.runs]
@@ -210,7 +219,10 @@ def render(report: Report) -> str:
         if entry.status is not ModeStatus.RAN:
             lines.append(f"\n== {mode.name}: {entry.status.value}: {entry.reason}")
             continue
-        lines.append(f"\n== {mode.name} ({json.dumps(mode.llm_args())}), loopback connector")
+        lines.append(
+            f"\n== {mode.name} ({json.dumps(mode.llm_args())}), model runner {mode.runner.value}, "
+            "loopback connector"
+        )
         lines += table(mode, entry.runs)
     nccl = report.nccl
     if nccl.status is NcclStatus.SKIPPED:

@@ -46,6 +46,7 @@ class Setup:
 def run_env(setup: Setup, mode: Mode, device_id: str) -> dict[str, str]:
     env = {**setup.env, "CUDA_VISIBLE_DEVICES": device_id}
     env["VLLM_CACHE_ROOT"] = str(setup.work_dir / "vllm-cache")
+    env["VLLM_USE_V2_MODEL_RUNNER"] = mode.runner.env_value
     if mode.compiled:
         env.pop("TORCHDYNAMO_DISABLE", None)
     else:

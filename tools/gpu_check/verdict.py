@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools.gpu_check.modes import (
-    ATTENTION_CLASSES,
     FFN_CLASSES,
     LOOPBACK,
     NATIVE_CLASSES,
@@ -84,8 +83,9 @@ def evaluate_pair(
     if not afd.ok:
         problems.append(f"the AFD engine failed: {afd.error}")
         return PairResult(mode.name, gate, connector, afd, native, tuple(problems), ffn)
-    if afd.classes != ATTENTION_CLASSES:
-        problems.append(f"the AFD engine ran {afd.classes}, expected {ATTENTION_CLASSES}")
+    expected = mode.runner.attention_classes
+    if afd.classes != expected:
+        problems.append(f"the AFD engine ran {afd.classes}, expected {expected}")
     if native.ok and afd.tokens != native.tokens:
         problems.append(f"greedy tokens differ: {first_difference(afd.tokens, native.tokens)}")
     short = [i for i, seq in enumerate(afd.tokens) if len(seq) != MAX_TOKENS]

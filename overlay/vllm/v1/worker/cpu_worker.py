@@ -20,6 +20,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from afd_models.config import Role
 from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import (
+    attention_runner_class,
     ffn_counters,
     ffn_recent_steps,
     ffn_server_of,
@@ -45,10 +46,11 @@ RUNS_NOTHING = delta(
     why="the FFN worker refuses scheduler work; there is no forward to guard",
 )
 
-#: How vLLM picks the runner its workers build (``VllmConfig.use_v2_model_runner``). Every AFD
-#: runner derives from the V1 runner, and the workers refuse V2 naming the setting that avoids
-#: it (afd_models/worker_config.py): a change in that choice must block at the audit, not
-#: surprise an operator at start-up.
+#: How vLLM picks the runner its workers build (``VllmConfig.use_v2_model_runner``). The AFD
+#: Attention worker follows that choice where an AFD runner exists for it (Model Runner V2 on
+#: CUDA from vLLM 0.30, the V1 runners everywhere) and refuses it elsewhere, naming the setting
+#: (afd_models/worker_config.py); the FFN worker keeps its V1-derived runner. A change in that
+#: choice must block at the audit, not surprise an operator at start-up.
 RUNNER_CHOICE = {
     "vllm.config.vllm:VllmConfig.use_v2_model_runner": (
         contract(
@@ -119,8 +121,9 @@ class AFDAttentionCPUWorker(CPUWorker):
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
         super().init_device()
-        # vLLM hard-codes its runner in init_device; use the AFD runner generated for that class.
-        runner = generated_subclass("AFDAttentionCPUModelRunner", type(self.model_runner))
+        # vLLM hard-codes its runner in init_device (V1 or Model Runner V2, as it chose); use
+        # the AFD runner generated for that class
+        runner = attention_runner_class(type(self.model_runner))
         self.model_runner = runner(self.vllm_config, self.device)
 
     @extend
@@ -154,6 +157,9 @@ class AFDFFNCPUWorker(CPUWorker):
         # the FFN worker's own config runs eagerly; the operator's --enforce-eager (on the
         # engine's config) says whether it may replay device graphs for the Attention's replays
         self.afd_device_graphs = not vllm_config.model_config.enforce_eager
+        # the FFN role serves steps, never batches: it keeps its runner, derived from the V1
+        # runner, whichever runner vLLM picked for the engine (init_device builds from this)
+        self.use_v2_model_runner = False
 
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
