@@ -53,6 +53,8 @@ class DriftRun:
     new_index: UpstreamIndex
     seconds: float
     origins: dict[str, str]
+    #: the package's pinned release (the default ``--from``)
+    pinned_version: str
 
     def header(self) -> dict[str, Any]:
         return {
@@ -137,6 +139,7 @@ def run_drift(
         new_index,
         time.monotonic() - started,
         origins,
+        pinned.versions[package],
     )
 
 
@@ -171,9 +174,11 @@ def own_names(repo_root: Path) -> frozenset[str]:
 
 def drift_markdown(run: DriftRun) -> str:
     name = DISPLAY_NAMES.get(run.package, run.package)
-    command = "python -m codegen drift" + (
-        f" --package {run.package} --from {run.old_version}" if run.package != "vllm" else ""
-    )
+    command = "python -m codegen drift"
+    if run.package != "vllm":
+        command += f" --package {run.package}"
+    if run.package != "vllm" or run.old_version != run.pinned_version:
+        command += f" --from {run.old_version}"
     intro = [
         f"Upstream {name} {run.old_version} -> {run.new_version}: every symbol in the lock (bases and MRO, overridden,",
         "forked and inherited methods, anchors, names the overlay and runtime import, registry keys, config fields).",
