@@ -160,19 +160,35 @@ def split_step(
     return steps.split_step(tokens, graph)
 
 
+def bound_steps(helper: Any) -> AttentionGraphSteps:
+    """The graph steps bound to ``helper``, Model Runner V2's AFD graph manager or micro-batch
+    runner (``bind_afd_steps``).
+
+    Raises:
+        RuntimeError: none are bound: ``helper`` was not built through
+            ``afd_models.runner_roles`` (``afd_graph_manager`` / ``afd_ubatch_runner``), and the
+            steps it ran would reach the FFN role unannounced (it would wait for them in vain).
+    """
+    steps: AttentionGraphSteps | None = helper.__dict__.get("afd_steps")
+    if steps is None:
+        raise RuntimeError(
+            f"{type(helper).__name__} has no AFD graph steps bound; build it with "
+            "afd_models.runner_roles.afd_graph_manager or afd_ubatch_runner, which bind the "
+            "Attention runner's (without them the FFN role would not learn of its steps)"
+        )
+    return steps
+
+
 def capture_window(
     manager: Any, desc: Any, warmup: bool
 ) -> contextlib.AbstractContextManager[None]:
     """What Model Runner V2's graph manager (the AFD one, ``manager``) runs one capture-time
     forward of batch ``desc`` in (``warmup``: the pass before the capture):
-    :meth:`AttentionGraphSteps.capture_forward` of its steps (nothing before the runner binds
-    them)."""
-    steps: AttentionGraphSteps | None = manager.__dict__.get("afd_steps")
-    if steps is None:
-        return contextlib.nullcontext()
+    :meth:`AttentionGraphSteps.capture_forward` of its :func:`bound_steps`."""
     from vllm.config import CUDAGraphMode
 
-    return steps.capture_forward(not warmup and desc.cg_mode == CUDAGraphMode.FULL)
+    captures = not warmup and desc.cg_mode == CUDAGraphMode.FULL
+    return bound_steps(manager).capture_forward(captures)
 
 
 @dataclass(frozen=True)

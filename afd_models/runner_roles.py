@@ -66,14 +66,14 @@ def afd_graph_manager(upstream: type, steps: AttentionGraphSteps, *args: Any, **
     return manager
 
 
-def afd_ubatch_runner(built: Any, steps: AttentionGraphSteps, *args: Any) -> Any:
+def afd_ubatch_runner(built: Any, steps: AttentionGraphSteps, *args: Any, **kwargs: Any) -> Any:
     """Model Runner V2's micro-batch runner: None where vLLM built none (``built``), else the AFD
     subclass of its class from the same arguments, telling the connector of ``steps`` each split.
     vLLM's own runner is built first, so that vLLM alone decides whether there is one (a few
     small buffers and two streams, once, and only under DBO)."""
     if built is None:
         return None
-    runner = generated_subclass("AFDUBatchRunner", type(built))(*args)
+    runner = generated_subclass("AFDUBatchRunner", type(built))(*args, **kwargs)
     runner.bind_afd_steps(steps)
     return runner
 
@@ -86,14 +86,17 @@ class LostStep:
 
 
 @contextlib.contextmanager
-def failing_lost_step(scheduler_output: Any) -> Iterator[LostStep]:
+def failing_lost_step(scheduler_output: Any, dummy_run: bool) -> Iterator[LostStep]:
     """Around Model Runner V2's forward calls: a step :func:`forward_across_restarts` gave up on
     leaves its failed output (:func:`fail_lost_step`) instead of raising, for ``execute_model``
-    to return (V2 has no override point for the forward alone, and samples later)."""
+    to return (V2 has no override point for the forward alone, and samples later). A dummy run
+    (profiling, warm-up, capture) has no request to fail: its error goes up as it came."""
     lost = LostStep()
     try:
         yield lost
     except AFDPeerLostError as error:
+        if dummy_run:
+            raise
         lost.output = fail_lost_step(scheduler_output, error)
 
 

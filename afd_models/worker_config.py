@@ -202,30 +202,38 @@ def check_model_runner(choice: RunnerChoice) -> None:
     """
     if not choice.engine_v2 and not choice.worker_v2:
         return
-    why = (
-        "VLLM_USE_V2_MODEL_RUNNER=1 asks for"
-        if choice.requested
-        else f"vLLM {choice.vllm_version} chose by default (on CUDA since vLLM 0.29)"
-    )
+    version = choice.vllm_version
+    if not choice.is_cuda or release_numbers(version) < release_numbers(MODEL_RUNNER_V2_FROM):
+        if choice.requested is False:  # vLLM overrides the setting for a feature that needs V2
+            why = f"vLLM {version} chose Model Runner V2 although VLLM_USE_V2_MODEL_RUNNER=0"
+            way_out = "switch off the engine feature that requires Model Runner V2"
+        else:
+            why = (
+                "VLLM_USE_V2_MODEL_RUNNER=1 asks for Model Runner V2"
+                if choice.requested
+                else f"vLLM {version} chose Model Runner V2 by default (on CUDA since vLLM 0.29)"
+            )
+            way_out = "set VLLM_USE_V2_MODEL_RUNNER=0"
+        where = "CUDA" if choice.is_cuda else "this platform"
+        raise AFDConfigError(
+            f"{why}, but the AFD Attention role runs on Model Runner V2 only on CUDA from vLLM "
+            f"{MODEL_RUNNER_V2_FROM} (not on {where} with vLLM {version}); its runners here "
+            f"derive from vLLM's V1 runner: {way_out}"
+        )
     if choice.engine_v2 != choice.worker_v2:
         v2, v1 = "Model Runner V2", "the V1 runner"
         on, off = (v2, v1) if choice.engine_v2 else (v1, v2)
-        raise AFDConfigError(
-            f"additional_config.{AFD_KEY}.dbo={str(choice.dbo).lower()}: vLLM {choice.vllm_version} "
-            f"schedules this engine for {on} but would build {off} for its worker (vLLM runs "
-            "DBO on Model Runner V2 only when VLLM_USE_V2_MODEL_RUNNER is set); allowed: "
-            "VLLM_USE_V2_MODEL_RUNNER=1 (DBO on V2, with --data-parallel-size >= 2) or "
-            "VLLM_USE_V2_MODEL_RUNNER=0 (DBO on the V1 runner, one DP rank too)"
+        cause = (
+            f" (additional_config.{AFD_KEY}.dbo=true: vLLM {version} runs DBO on Model Runner "
+            "V2 only when VLLM_USE_V2_MODEL_RUNNER is set)"
+            if choice.dbo
+            else ""
         )
-    if not choice.is_cuda or release_numbers(choice.vllm_version) < release_numbers(
-        MODEL_RUNNER_V2_FROM
-    ):
-        where = "CUDA" if choice.is_cuda else "this platform"
         raise AFDConfigError(
-            f"{why} its Model Runner V2, but the AFD Attention role runs on Model Runner V2 only "
-            f"on CUDA from vLLM {MODEL_RUNNER_V2_FROM} (not on {where} with vLLM "
-            f"{choice.vllm_version}); its runners here derive from vLLM's V1 runner: set "
-            "VLLM_USE_V2_MODEL_RUNNER=0"
+            f"vLLM {version} schedules this engine for {on} but would build {off} for its AFD "
+            f"Attention worker{cause}; allowed: VLLM_USE_V2_MODEL_RUNNER=1 or "
+            "VLLM_USE_V2_MODEL_RUNNER=0, which both follow"
+            + (" (DBO on V2 needs --data-parallel-size >= 2)" if choice.dbo else "")
         )
     if choice.dbo and choice.data_parallel_size < 2:
         raise AFDConfigError(

@@ -19,7 +19,7 @@ import libcst as cst
 from codegen import markers
 from codegen.markers import Edit
 from codegen.model import MemberDecl, MemberKind, OverlayClass, OverlayModule, Signature, SymbolRef
-from codegen.releases import applicable, parse_range
+from codegen.releases import applicable, applies, parse_range
 
 MARKERS_MODULE = "codegen.markers"
 #: a ``relies_on`` key naming a method outside the class's MRO: ``module:Class.method``
@@ -525,6 +525,12 @@ class DeclaredMember:
     base: SymbolRef
     #: the overlay's declaration
     decl: MemberDecl
+    #: the overlay class declaring it (its ``when=`` limits the member too)
+    owner: OverlayClass
+
+    def applies(self, versions: Mapping[str, str]) -> bool:
+        """Whether upstream at ``versions`` gets this member: its class's range and its own hold."""
+        return applies(self.owner, versions) and applies(self.decl, versions)
 
 
 def declared_members(
@@ -544,7 +550,7 @@ def declared_members(
             for base in overlay_class.bases:
                 key = f"{overlay.generated_module}:{overlay_class.generated_name(base)}"
                 for decl in members:
-                    yield DeclaredMember(key, base, decl)
+                    yield DeclaredMember(key, base, decl, overlay_class)
 
 
 def committed_edits(

@@ -133,7 +133,9 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
                 for c in declared
             ]
             for label, when in contracts:
-                if when is not None and (problem := _dead_range(when, "contract", pins)):
+                if when is not None and (
+                    problem := _dead_range(when, "contract", pins, overlay_class)
+                ):
                     findings.append(
                         Finding(
                             Kind.OVERLAY_INVALID,
@@ -150,7 +152,9 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
                     (f"#delta:{d.kind.value}:{d.param}", "delta", d.when) for d in member.deltas
                 ]
                 for label, what, when in limited:
-                    if when is None or not (problem := _dead_range(when, what, pins)):
+                    if when is None or not (
+                        problem := _dead_range(when, what, pins, overlay_class)
+                    ):
                         continue
                     findings.append(
                         Finding(
@@ -164,22 +168,36 @@ def dead_alternatives(generation: Generation, pins: dict[str, Pin]) -> list[Find
     return findings
 
 
-def _dead_range(when: str, what: str, pins: dict[str, Pin]) -> str | None:
+def _dead_range(
+    when: str, what: str, pins: dict[str, Pin], owner: OverlayClass | None = None
+) -> str | None:
     """What is wrong with ``when`` on a ``what`` (class, member, edit, delta, contract): it names no
-    pinned package (an edit's is refused where edits are applied) or holds none of its
-    supported releases; None if nothing."""
+    pinned package (an edit's is refused where edits are applied) or holds none of the supported
+    releases its class ``owner`` is generated for; None if nothing."""
     limit = parse_range(when)
     pin = pins.get(limit.package)
     if pin is None:
         if what == "edit":
             return None  # refused where the edits are applied (generate._fork)
         return f"names no pinned package; allowed: {', '.join(sorted(pins))}"
-    if not any(limit.contains(v) for v in pin.supported):
-        return (
-            f"holds none of the supported releases ({', '.join(pin.supported)}); "
-            f"drop the {what} or the range"
+    releases = [v for v in pin.supported if owner is None or _class_holds(owner, pin.package, v)]
+    if not any(limit.contains(v) for v in releases):
+        where = (
+            "the supported releases"
+            if len(releases) == len(pin.supported)
+            else "the releases its class is generated for"
         )
+        return f"holds none of {where} ({', '.join(releases)}); drop the {what} or the range"
     return None
+
+
+def _class_holds(overlay_class: OverlayClass, package: str, release: str) -> bool:
+    """Whether ``overlay_class`` is generated for ``package`` at ``release`` (a class limited by
+    another package's range is not limited here)."""
+    if overlay_class.when is None:
+        return True
+    limit = parse_range(overlay_class.when)
+    return limit.package != package or limit.contains(release)
 
 
 def _overlapping_members(
@@ -194,6 +212,8 @@ def _overlapping_members(
             continue
         for pin in pins.values():
             for release in pin.supported:
+                if not _class_holds(overlay_class, pin.package, release):
+                    continue
                 got = [m for m in alternatives if applies(m, {pin.package: release})]
                 if len(got) > 1:
                     findings.append(

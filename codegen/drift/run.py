@@ -29,7 +29,6 @@ from codegen.model import MemberKind, Signature
 from codegen.names import global_names
 from codegen.overlay import committed_edits, declared_members
 from codegen.pipeline import Context, generate, open_context, up_to_date
-from codegen.releases import applies
 from codegen.report import as_markdown
 from codegen.sources import load_pins, locate
 
@@ -153,7 +152,7 @@ def overlay_members(repo_root: Path, versions: Mapping[str, str]) -> OverlayMemb
     for member in declared_members(repo_root):  # one read of the overlay, every release's
         key = f"{member.class_key}.{member.decl.name}"
         every.add(key)
-        if not applies(member.decl, versions):
+        if not member.applies(versions):
             continue
         here.add(key)
         if member.decl.signature is not None:

@@ -20,12 +20,12 @@ import torch
 from vllm import __version__ as vllm_version
 from vllm.config import CUDAGraphMode
 
-from afd_models.connectors.base import AFDPeerLostError, StepHeader
+from afd_models.connectors.base import AFDConnectionError, AFDPeerLostError, StepHeader
 from afd_models.connectors.loopback import LoopbackConnector
 from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, capture_window
 from afd_models.plugin import release_numbers
-from afd_models.runner_roles import attention_runner_class, failing_lost_step
+from afd_models.runner_roles import afd_ubatch_runner, attention_runner_class, failing_lost_step
 from afd_models.step_failures import FailedStepOutput
 
 pytestmark = [
@@ -141,19 +141,23 @@ def test_a_replay_of_a_graph_never_captured_through_the_connector_fails_before_i
     graph = RecordingGraph(connector)
     manager = manager_with(connector, {descriptor(4): graph})
     with pytest.raises(
-        Exception, match="replay of 4 tokens, but this connector captured graphs for no size"
+        AFDConnectionError,
+        match="replay of 4 tokens, but this connector captured graphs for no size",
     ):
         manager.run_fullgraph(descriptor(4))
     assert graph.seen_at_replay == []
 
 
-def test_without_bound_steps_the_manager_replays_as_vllms_does() -> None:
+def test_without_bound_steps_the_manager_refuses_to_replay() -> None:
+    """A graph manager not built by the AFD V2 runner would replay steps the FFN role never
+    hears of (it would wait for them until its timeout): it fails at once, naming the builder."""
     connector = Announcing()
     graph = RecordingGraph(connector)
     manager = manager_with(connector, {descriptor(4): graph})
     del manager.afd_steps
-    manager.run_fullgraph(descriptor(4))
-    assert graph.seen_at_replay == [0] and connector.announced == []
+    with pytest.raises(RuntimeError, match="no AFD graph steps bound; build it with afd_models"):
+        manager.run_fullgraph(descriptor(4))
+    assert graph.seen_at_replay == [] and connector.announced == []
 
 
 @pytest.mark.parametrize(
@@ -179,16 +183,15 @@ def test_only_a_full_capture_records_the_exchange_instead_of_announcing_it(
         assert connector.announced[-1].graph
 
 
-def test_a_capture_window_without_bound_steps_is_vllms_own() -> None:
+def test_a_capture_window_without_bound_steps_is_refused() -> None:
     connector = Announcing()
     manager = manager_with(connector, {})
     del manager.afd_steps
-    with capture_window(manager, descriptor(4), False):
-        connector.forward((4,))
-    assert len(connector.announced) == 1 and not connector.is_capturing
+    with pytest.raises(RuntimeError, match="AFDModelCudaGraphManager has no AFD graph steps"):
+        capture_window(manager, descriptor(4), False)
 
 
-def ubatch_runner_with(connector: Announcing) -> Any:
+def ubatch_runner_with(connector: Announcing, bound: bool = True) -> Any:
     """The generated V2 micro-batch runner over a test base that stands where upstream's
     ``begin_capturable_run`` is (it starts CUDA streams and threads), recording the split the
     connector knew when the threads would start."""
@@ -204,7 +207,8 @@ def ubatch_runner_with(connector: Announcing) -> Any:
     recording = type("RecordingUBatchRunner", (ubatch_runner_class(), RecordingRun), {})
     assert recording.__mro__[2] is RecordingRun  # between the generated class and upstream's
     runner = object.__new__(recording)
-    runner.bind_afd_steps(AttentionGraphSteps(connector))
+    if bound:
+        runner.bind_afd_steps(AttentionGraphSteps(connector))
     return runner
 
 
@@ -227,6 +231,42 @@ def test_each_split_is_told_to_the_connector_before_the_micro_batches_start() ->
     assert runner.afd_steps.counters.ubatch_splits == 1
 
 
+def test_a_micro_batch_runner_without_bound_steps_starts_no_thread() -> None:
+    from vllm.v1.worker.gpu.ubatch_utils import UBatchState
+
+    runner = ubatch_runner_with(Announcing(), bound=False)
+    state = UBatchState(slices=[SimpleNamespace(num_tokens=2)] * 2, forward_contexts=[])
+    with pytest.raises(RuntimeError, match="UBatchRunner has no AFD graph steps bound"):
+        runner.begin_capturable_run("model", {}, state)
+    assert not hasattr(runner, "planned")
+
+
+def test_no_micro_batch_runner_where_vllm_builds_none() -> None:
+    """vLLM alone decides whether there is a micro-batch runner (DBO, two or more DP ranks)."""
+    assert afd_ubatch_runner(None, AttentionGraphSteps(Announcing()), "any", "args") is None
+
+
+def test_the_v2_runner_builds_afds_helpers_and_guards_each_forward() -> None:
+    """The generated forks of the V2 runner (which need CUDA to run): its KV-cache set-up builds
+    AFD's graph manager and micro-batch runner with the runner's graph steps, and each of the
+    four forward calls of execute_model runs across restarts, inside the lost-step guard, whose
+    failed output returns before the KV connector's forward ends."""
+    import inspect
+
+    runner = attention_runner_class(_v2_runner())
+    setup = inspect.getsource(runner.initialize_kv_cache)
+    assert "self.cudagraph_manager = afd_graph_manager(\n" in setup
+    assert "self.ubatch_runner = afd_ubatch_runner(\n" in setup
+    assert setup.count("self.afd_graph_steps,") == 2
+    assert "ModelCudaGraphManager(" not in setup.replace("afd_graph_manager(\n", "")
+    forward = inspect.getsource(runner.execute_model)
+    assert forward.count("forward_across_restarts(") == 4
+    assert forward.count("model_output = ") == 4
+    guard = forward.index("with failing_lost_step(scheduler_output, dummy_run) as afd_lost:")
+    returned = forward.index("return afd_lost.output")
+    assert guard < returned < forward.index("self.kv_connector.finish_forward()")
+
+
 def test_the_v2_micro_batch_runner_reserves_no_sms() -> None:
     """Upstream reserves SMs for an all2all kernel while micro-batches overlap; the AFD exchange
     runs none, so the generated constructor keeps every SM for compute."""
@@ -238,22 +278,33 @@ def test_the_v2_micro_batch_runner_reserves_no_sms() -> None:
 
 
 def test_a_lost_step_leaves_its_failed_output_and_other_errors_go_up() -> None:
+    """A dummy run (profiling, warm-up) has no request to fail: its loss goes up as it came
+    (vLLM's _dummy_run would otherwise fail later on a missing step state, hiding the cause)."""
     scheduler_output = SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 2})
-    with failing_lost_step(scheduler_output) as lost:
+    with failing_lost_step(scheduler_output, False) as lost:
         raise AFDPeerLostError("no FFN engine came back")
     assert isinstance(lost.output, FailedStepOutput) and lost.output.req_ids == ["a", "b"]
-    with failing_lost_step(scheduler_output) as ran:
+    with failing_lost_step(scheduler_output, False) as ran:
         pass
     assert ran.output is None
     with pytest.raises(RuntimeError, match="a live peer's error"):
-        with failing_lost_step(scheduler_output):
+        with failing_lost_step(scheduler_output, False):
             raise RuntimeError("a live peer's error")
+    with pytest.raises(AFDPeerLostError, match="during a warm-up"):
+        with failing_lost_step(scheduler_output, True):
+            raise AFDPeerLostError("no FFN engine came back during a warm-up")
+
+
+def _v2_runner() -> type:
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    return GPUModelRunner
 
 
 def test_the_attention_worker_builds_the_afd_runner_of_vllms_choice() -> None:
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as ModelRunnerV2
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner as ModelRunnerV1
 
+    ModelRunnerV2 = _v2_runner()
     v2 = attention_runner_class(ModelRunnerV2)
     v1 = attention_runner_class(ModelRunnerV1)
     assert v2.__name__ == "AFDAttentionGPUModelRunnerV2" and issubclass(v2, ModelRunnerV2)

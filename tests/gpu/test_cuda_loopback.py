@@ -4,14 +4,15 @@ the FFN half in-process behind the loopback connector, against the native model.
 
 The runs are tools.gpu_check's (the same checks as a command, for a GPU host without pytest):
 each engine in a fresh interpreter, for every mode the runtime supports (eager, piecewise CUDA
-graphs, FULL_DECODE_ONLY) and both gate placements. Greedy tokens must equal native vLLM's, and
+graphs, FULL_DECODE_ONLY, on vLLM's V1 runner and, with vLLM 0.30+, on Model Runner V2) and both
+gate placements. Greedy tokens must equal native vLLM's, and
 the worker's counters must fit the mode: a FULL_DECODE_ONLY run that never captured and replayed
 a graph fails, an eager run captures none. With two CUDA devices the two-process NCCL pair (FFN
 engine on the second) runs too, DBO among its modes (the loopback connector refuses DBO); with one
 it is skipped with the reason.
 
-Needs a CUDA device and vLLM 0.26.0's CUDA build (the ``gpu`` extra); skipped elsewhere with the
-reason (tests/conftest.py).
+Needs a CUDA device and a supported vLLM's CUDA build (0.26.0 from the ``gpu`` extra); skipped
+elsewhere with the reason (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def _native(
     return native
 
 
+def _mode_for_host(name: str, setup: gpu_check.Setup) -> gpu_check.Mode:
+    """The mode named ``name``; a Model Runner V2 mode is skipped on a vLLM older than 0.30."""
+    mode = gpu_check.mode_named(name)
+    too_old = gpu_check.needs_newer_vllm(mode, setup.host.vllm)
+    if too_old:
+        pytest.skip(too_old)
+    return mode
+
+
 def _assert_passed(pair: gpu_check.PairResult, mode: gpu_check.Mode) -> None:
     assert pair.afd.ok, pair.afd.error
     assert pair.tokens_equal, pair.problems
@@ -68,7 +78,7 @@ def test_loopback_equals_native_and_counters_fit_the_mode(
     natives: dict[str, EngineResult],
 ) -> None:
     """Greedy tokens equal native vLLM's in the mode; the graph counters show the mode ran."""
-    mode = gpu_check.mode_named(mode_name)
+    mode = _mode_for_host(mode_name, setup)
     pair = gpu_check.run_pair(mode, gate, setup, _native(mode, setup, natives))
     _assert_passed(pair, mode)
 
@@ -87,7 +97,7 @@ def test_nccl_pair_equals_native(
             f"the NCCL pair needs two CUDA devices, found {len(setup.host.device_ids)}: NCCL "
             "cannot put two ranks of one communicator on one GPU"
         )
-    mode = gpu_check.mode_named(mode_name)
+    mode = _mode_for_host(mode_name, setup)
     pair = gpu_check.run_nccl_pair(mode, gate, setup, _native(mode, setup, natives))
     assert pair.ffn is not None and pair.ffn.ok, pair.ffn
     _assert_passed(pair, mode)

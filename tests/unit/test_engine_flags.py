@@ -220,30 +220,46 @@ def test_the_attention_worker_follows_vllms_runner_choice(accepted: RunnerChoice
 
 
 @pytest.mark.parametrize(
-    ("refused", "reason"),
+    ("refused", "reason", "way_out"),
     [
-        (choice(is_cuda=False, requested=True), "VLLM_USE_V2_MODEL_RUNNER=1 asks for"),
+        (
+            choice(is_cuda=False, requested=True),
+            "VLLM_USE_V2_MODEL_RUNNER=1 asks for Model Runner V2",
+            "set VLLM_USE_V2_MODEL_RUNNER=0",
+        ),
         (
             choice(vllm_version="0.28.0", requested=True),
-            "VLLM_USE_V2_MODEL_RUNNER=1 asks for",
+            "VLLM_USE_V2_MODEL_RUNNER=1 asks for Model Runner V2",
+            "set VLLM_USE_V2_MODEL_RUNNER=0",
         ),
         (
             choice(vllm_version="0.29.1"),
-            "vLLM 0.29.1 chose by default (on CUDA since vLLM 0.29)",
+            "vLLM 0.29.1 chose Model Runner V2 by default (on CUDA since vLLM 0.29)",
+            "set VLLM_USE_V2_MODEL_RUNNER=0",
+        ),
+        (  # vLLM overrides the setting for a feature that needs V2 (HiSparse, watermarking)
+            choice(is_cuda=False, requested=False),
+            "vLLM 0.30.0 chose Model Runner V2 although VLLM_USE_V2_MODEL_RUNNER=0",
+            "switch off the engine feature that requires Model Runner V2",
+        ),
+        (  # the worker's copy alone on V2 is as unservable off CUDA
+            choice(is_cuda=False, requested=True, engine_v2=False),
+            "VLLM_USE_V2_MODEL_RUNNER=1 asks for Model Runner V2",
+            "set VLLM_USE_V2_MODEL_RUNNER=0",
         ),
     ],
 )
-def test_model_runner_v2_without_an_afd_runner_is_refused_naming_the_setting(
-    refused: RunnerChoice, reason: str
+def test_model_runner_v2_without_an_afd_runner_is_refused_naming_the_way_out(
+    refused: RunnerChoice, reason: str, way_out: str
 ) -> None:
     """Off CUDA, and before vLLM 0.30, no AFD runner derives from Model Runner V2."""
     where = "CUDA" if refused.is_cuda else "this platform"
     with pytest.raises(AFDConfigError) as error:
         check_model_runner(refused)
     assert str(error.value) == (
-        f"{reason} its Model Runner V2, but the AFD Attention role runs on Model Runner V2 only "
-        f"on CUDA from vLLM 0.30 (not on {where} with vLLM {refused.vllm_version}); its runners "
-        "here derive from vLLM's V1 runner: set VLLM_USE_V2_MODEL_RUNNER=0"
+        f"{reason}, but the AFD Attention role runs on Model Runner V2 only on CUDA from vLLM "
+        f"0.30 (not on {where} with vLLM {refused.vllm_version}); its runners here derive from "
+        f"vLLM's V1 runner: {way_out}"
     )
 
 
@@ -260,16 +276,31 @@ def test_dbo_on_model_runner_v2_needs_two_dp_ranks() -> None:
     )
 
 
-def test_a_worker_on_another_runner_than_its_scheduler_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("refused", "message"),
+    [
+        (
+            choice(dbo=True, worker_v2=False, data_parallel_size=2),
+            "vLLM 0.30.0 schedules this engine for Model Runner V2 but would build the V1 runner "
+            "for its AFD Attention worker (additional_config.afd.dbo=true: vLLM 0.30.0 runs DBO "
+            "on Model Runner V2 only when VLLM_USE_V2_MODEL_RUNNER is set); allowed: "
+            "VLLM_USE_V2_MODEL_RUNNER=1 or VLLM_USE_V2_MODEL_RUNNER=0, which both follow (DBO on "
+            "V2 needs --data-parallel-size >= 2)",
+        ),
+        (  # the other way round, from whatever else tells the worker's copy apart
+            choice(engine_v2=False),
+            "vLLM 0.30.0 schedules this engine for the V1 runner but would build Model Runner V2 "
+            "for its AFD Attention worker; allowed: VLLM_USE_V2_MODEL_RUNNER=1 or "
+            "VLLM_USE_V2_MODEL_RUNNER=0, which both follow",
+        ),
+    ],
+)
+def test_a_worker_on_another_runner_than_its_scheduler_is_refused(
+    refused: RunnerChoice, message: str
+) -> None:
     """vLLM 0.30 keeps DBO off Model Runner V2 unless VLLM_USE_V2_MODEL_RUNNER is set: with the
     AFD DBO switched on in the worker's copy only, the worker would build the V1 runner while
-    the engine's scheduler schedules for V2."""
+    the engine's scheduler schedules for V2. Setting the variable makes both choose alike."""
     with pytest.raises(AFDConfigError) as error:
-        check_model_runner(choice(dbo=True, worker_v2=False, data_parallel_size=2))
-    assert str(error.value) == (
-        "additional_config.afd.dbo=true: vLLM 0.30.0 schedules this engine for Model Runner V2 "
-        "but would build the V1 runner for its worker (vLLM runs DBO on Model Runner V2 only "
-        "when VLLM_USE_V2_MODEL_RUNNER is set); allowed: VLLM_USE_V2_MODEL_RUNNER=1 (DBO on V2, "
-        "with --data-parallel-size >= 2) or VLLM_USE_V2_MODEL_RUNNER=0 (DBO on the V1 runner, "
-        "one DP rank too)"
-    )
+        check_model_runner(refused)
+    assert str(error.value) == message

@@ -684,3 +684,30 @@ def test_a_class_range_must_be_valid_and_hold_a_release(
     generation, _ = generate(at_release(make_repo(tmp_path, HEADER + overlay), "0.26.0"))
     messages = [f.message for f in generation.findings if f.code == "OVL001"]
     assert any(expected in m for m in messages), messages
+
+
+def test_a_member_range_must_hold_a_release_of_its_class(tmp_path: Path) -> None:
+    """A member of a class limited to vllm>=0.28 whose own range holds only 0.26 would never be
+    generated: refused like a dead range, naming the class's releases."""
+    overlay = CLASS_FROM_028.replace("    @extend\n", '    @extend(when="vllm<0.28")\n')
+    generation, _ = generate(at_release(make_repo(tmp_path, HEADER + overlay), "0.28.0"))
+    messages = [f.message for f in generation.findings if f.code == "OVL001"]
+    assert messages == [
+        "when='vllm<0.28' holds none of the releases its class is generated for (0.28.0); "
+        "drop the member or the range"
+    ]
+
+
+def test_drift_counts_a_limited_class_member_only_on_the_releases_of_its_class(
+    tmp_path: Path,
+) -> None:
+    """Drift judges a target by what the overlay declares for it: the member of a class limited
+    to vllm>=0.28 is declared elsewhere (not there) on 0.26.0, and there on 0.28.0."""
+    from codegen.drift.run import overlay_members
+
+    context = make_repo(tmp_path, HEADER + CLASS_FROM_028)
+    key = "afd_models._generated.vllm.layers:AFDLater.afd_later"
+    before = overlay_members(context.repo_root, {"vllm": "0.26.0"})
+    after = overlay_members(context.repo_root, {"vllm": "0.28.0"})
+    assert key in before.every and key in before.elsewhere
+    assert key in after.every and key not in after.elsewhere

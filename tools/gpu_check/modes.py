@@ -69,7 +69,9 @@ class ModelRunner(str, enum.Enum):
 
     @property
     def since(self) -> str | None:
-        """The first vLLM release whose AFD Attention role runs on it (None: every one)."""
+        """The first vLLM release whose AFD Attention role runs on it (None: every one); the
+        same as afd_models.worker_config.MODEL_RUNNER_V2_FROM (the check's parent process imports
+        no afd_models; a unit test keeps the two equal)."""
         return "0.30" if self is ModelRunner.V2 else None
 
 
@@ -110,8 +112,8 @@ class Mode:
         return copy.deepcopy(dict(self.engine_args))
 
 
-#: every mode, in report order. Adding one is one entry here.
-MODES: tuple[Mode, ...] = (
+#: the modes on vLLM's V1 runner, in report order. Adding one is one entry here.
+MODES_V1: tuple[Mode, ...] = (
     Mode(
         "eager",
         {"enforce_eager": True},
@@ -165,10 +167,11 @@ MODES: tuple[Mode, ...] = (
 #: engine has one
 MODES_V2: tuple[Mode, ...] = tuple(
     dataclasses.replace(mode, name=f"{mode.name}-v2", runner=ModelRunner.V2)
-    for mode in MODES
+    for mode in MODES_V1
     if not mode.afd.get("dbo")
 )
-MODES = MODES + MODES_V2
+#: every mode, in report order
+MODES = MODES_V1 + MODES_V2
 
 
 def mode_named(name: str) -> Mode:

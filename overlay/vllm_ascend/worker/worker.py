@@ -5,7 +5,8 @@ Operators select these by dotted path: ``--worker-cls afd_models.workers.AFDAtte
 (and ``AFDFFNNPUWorker``), with the AFD platform selected (``VLLM_PLUGINS``, see docs/npu.md).
 vLLM-Ascend's ``init_device`` builds its MRv1 ``NPUModelRunner`` in place; the fork builds the
 AFD runner generated for it instead, so no throwaway runner (whose constructor sets process-wide
-NPU state) is ever built. vLLM-Ascend's Model Runner V2 is refused with the engine config.
+NPU state) is ever built. The Attention worker refuses vLLM-Ascend's Model Runner V2 with the
+engine config; the FFN worker builds its MRv1-derived runner under either choice.
 """
 
 from vllm.config import VllmConfig
@@ -45,13 +46,15 @@ ATTENTION_RUNNER = replace(
     "if self.use_v2_model_runner:\n    $...V2\nelse:\n    self.model_runner = NPUModelRunner(self.vllm_config, self.device)",
     "runner = generated_subclass('AFDAttentionNPUModelRunner', NPUModelRunner)\nself.model_runner = runner(self.vllm_config, self.device)",
     id="afd-runner",
-    why="the worker hard-codes its runner; the AFD one is built instead (V2 is refused earlier)",
+    why="the worker hard-codes its runner; the AFD one is built instead (the Attention worker "
+    "refuses Model Runner V2 off CUDA with the engine config)",
 )
 FFN_RUNNER = replace(
     "if self.use_v2_model_runner:\n    $...V2\nelse:\n    self.model_runner = NPUModelRunner(self.vllm_config, self.device)",
     "runner = generated_subclass('AFDFFNNPUModelRunner', NPUModelRunner)\nself.model_runner = runner(self.vllm_config, self.device)",
     id="afd-runner",
-    why="the worker hard-codes its runner; the AFD one is built instead (V2 is refused earlier)",
+    why="the worker hard-codes its runner; the AFD FFN one, derived from MRv1, is built whichever "
+    "runner vLLM-Ascend picked (the FFN role serves steps, never batches)",
 )
 
 

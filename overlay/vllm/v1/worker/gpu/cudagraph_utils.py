@@ -24,7 +24,7 @@ from vllm.v1.worker.gpu.model_states.interface import ModelState
 from vllm.v1.worker.gpu.pcp_manager import PCPManager
 from vllm.v1.worker.utils import AttentionGroup
 
-from afd_models.graphs import AttentionGraphSteps, capture_window  # noqa: F401 (edit code)
+from afd_models.graphs import AttentionGraphSteps, bound_steps, capture_window  # noqa: F401 (edit code)
 from codegen.markers import extend, fork, override, subclass, wrap
 
 #: the forward of one capture-time call: a FULL graph's capture records the exchange (its
@@ -81,7 +81,5 @@ class AFDModelCudaGraphManager(ModelCudaGraphManager):
         self, desc: BatchExecutionDescriptor
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]] | IntermediateTensors:
         replay = super().run_fullgraph
-        steps: AttentionGraphSteps | None = self.__dict__.get("afd_steps")
-        if steps is None:
-            return replay(desc)
+        steps = bound_steps(self)
         return steps.replay(desc.num_tokens, desc.num_ubatches > 1, lambda: replay(desc))

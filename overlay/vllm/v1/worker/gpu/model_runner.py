@@ -9,10 +9,12 @@ where V2 keeps each piece:
   micro-batch runner (``ubatch_utils.py`` beside this file), which tells the connector each
   split, and the CUDA-graph manager (``cudagraph_utils.py``), which announces each FULL replay
   and captures with the connector in capture mode;
-- ``execute_model`` runs each of its forward calls (a FULL replay, micro-batches, a piecewise
-  graph, eager) again once a restarted FFN engine connected (``peer_restart_timeout_s``), and
-  returns a failed step's output when none came back in time. V2 samples in ``sample_tokens``;
-  an engine core does not sample a step whose ``execute_model`` returned an output.
+- ``execute_model`` runs each of its forward calls (a FULL replay, a piecewise graph, eager)
+  again once a restarted FFN engine connected (``peer_restart_timeout_s``), and returns a failed
+  step's output when none came back in time. V2 samples in ``sample_tokens``; an engine core does
+  not sample a step whose ``execute_model`` returned an output. The micro-batch call is wrapped
+  alike but never retried: a restart needs one DP rank and DBO on V2 two, and a micro-batch
+  thread's error reaches it as vLLM's own ``RuntimeError``.
 
 V2 micro-batches only across more than one DP rank; the AFD workers refuse DBO on V2 with one
 (``afd_models/worker_config.py``).
@@ -115,10 +117,11 @@ class AFDAttentionGPUModelRunnerV2(GPUModelRunner):
             else:
                 ...
             """,
-            "with failing_lost_step(scheduler_output) as afd_lost:",
+            "with failing_lost_step(scheduler_output, dummy_run) as afd_lost:",
             id="lost-step",
             why="no FFN engine came back within peer_restart_timeout_s: the step's requests "
-            "fail (the AFD scheduler finishes them with an error) and the engine stays up",
+            "fail (the AFD scheduler finishes them with an error) and the engine stays up; a "
+            "dummy run has none, and fails as before",
         ),
         insert_before(
             "self.kv_connector.finish_forward()",

@@ -20,7 +20,7 @@ from vllm.v1.worker.gpu.model_states.interface import ModelState
 from vllm.v1.worker.gpu.ubatch_utils import UBatchRunner, UBatchState
 from vllm.v1.worker.utils import AttentionGroup
 
-from afd_models.graphs import AttentionGraphSteps
+from afd_models.graphs import AttentionGraphSteps, bound_steps
 from codegen.markers import extend, fork, override, replace, subclass
 
 
@@ -62,10 +62,8 @@ class AFDUBatchRunner(UBatchRunner):
     ) -> Callable[[], Any]:
         # every split forward starts its threads here, eager steps, capture warm-ups and
         # captures alike: the connector learns the split before the first micro-batch sends
-        steps: AttentionGraphSteps | None = self.__dict__.get("afd_steps")
-        if steps is not None:
-            tokens = [ubatch.num_tokens for ubatch in ubatch_state.slices]
-            steps.plan_split(tokens, for_capture=for_capture)
+        tokens = [ubatch.num_tokens for ubatch in ubatch_state.slices]
+        bound_steps(self).plan_split(tokens, for_capture=for_capture)
         return super().begin_capturable_run(
             model, model_inputs, ubatch_state, for_capture=for_capture
         )
