@@ -46,13 +46,6 @@ def base_env(extra_paths: Sequence[Path] = ()) -> dict[str, str]:
     return env
 
 
-def supported_releases() -> tuple[str, ...]:
-    """The vLLM releases the overlay supports (``overlay/pins.toml``), the primary first."""
-    from codegen.sources import load_pins
-
-    return load_pins(REPO_ROOT / "overlay" / "pins.toml")["vllm"].supported
-
-
 def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
     """What the engines' interpreter sees. Raises UsageError when it cannot run the check."""
     out = work_dir / "probe.json"
@@ -73,7 +66,9 @@ def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
             f"`import vllm` fails in the engines' environment: {info['vllm_error']}; pass --bundle "
             "DIR (parts from `python -m tools.gpu_bundle build`)"
         )
-    supported = supported_releases()
+    from tools.cpu_env import supported_versions  # imports afd_models: not on --help's path
+
+    supported = supported_versions()
     if info["vllm"].split("+")[0] not in supported:
         raise UsageError(
             f"vLLM {info['vllm']} found, which AFD does not support; supported "
