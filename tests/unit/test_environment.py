@@ -254,3 +254,12 @@ def test_usage_errors_exit_3(argv: list[str], tmp_path: Path) -> None:
     result = _script(*argv, cwd=tmp_path)
     assert result.returncode == 3
     assert "tools/cpu_env.py: error:" in result.stderr
+
+
+def test_pip_output_stays_off_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    """``ensure`` prints the env's python on stdout, which nox reads as the path: what pip says
+    while a first build installs goes to stderr with the progress (it once became the "path")."""
+    cpu_env.pip(Path(sys.executable), "--version")
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "(python 3." in err  # pip's own answer: "pip X from ... (python 3.11)"
