@@ -144,7 +144,8 @@ def regenerate(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True, default=False)
 def drift(session: nox.Session) -> None:
-    """What a vLLM bump breaks: `nox -s drift -- 0.28.0` compares the pinned upstream with that version."""
+    """What a vLLM bump breaks: `nox -s drift -- 0.33.0` compares that version with the newest
+    supported release below it (`-- 0.33.0 --from 0.26.0` for another base)."""
     if not session.posargs:
         session.error("give the target version: nox -s drift -- 0.28.0")
     session.install("-e", ".[codegen]")

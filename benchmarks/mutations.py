@@ -16,12 +16,17 @@ change_body         by the method's uses (:func:`_body_code`): a fork DRF032 (DR
 delete_anchor       DRF030
 duplicate_anchor    DRF031
 break_contract      DRF070 (DRF071 when the contract still holds in another of its places)
+change_rule         the same, for a rule outside the generated classes' MRO that AFD relies on
+                    (which runner vLLM builds, the CPU KV block size)
 shadow_extend       DRF040
 change_base         DRF041
+rename_keyword      DRF023: a parameter AFD's code passes by keyword renamed
+require_param       DRF023: a class AFD's code constructs gains a required keyword-only parameter
+rename_attribute    DRF001: an attribute AFD's code reads (``self.x = ...`` upstream) renamed
 ==================  ==========================================================================
 
-The signature and body operators also edit functions and methods that the lock does not record,
-in the upstream files it tracks; those must get no finding at all. The score is the share of
+The signature, body and attribute operators also edit functions and methods that the lock does
+not record, in the upstream files it tracks; those must get no finding at all. The score is the share of
 mutations that got the expected answer.
 """
 
@@ -44,7 +49,15 @@ from typing import Any
 from codegen.drift.contracts import relied_ref
 from codegen.drift.run import run_drift
 from codegen.drift.symbols import is_callee
-from codegen.lock import OVERRIDES, RELIED_ON, Lock, SymbolEntry, SymbolKind, SymbolUse
+from codegen.lock import (
+    OVERRIDES,
+    RELIED_ON,
+    Lock,
+    SiteKind,
+    SymbolEntry,
+    SymbolKind,
+    SymbolUse,
+)
 from codegen.model import MemberKind
 from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
@@ -198,6 +211,7 @@ class Mutator:
                 group = " ".join(sorted(u.value for u in entry.uses))
                 self.recorded.setdefault(group, []).append(key)
         self.unrecorded = list(self._unrecorded())
+        self._unread: list[tuple[str, str, int, str]] | None = None
 
     def text(self, path: str) -> str:
         if path not in self._texts:
@@ -416,9 +430,19 @@ class Mutator:
 
     def _break_contract(self, used: bool) -> Mutation | None:
         """Replace the statement(s) where a relied-on method's contract matched with ``pass``."""
+        return self._contract_mutation("break_contract", outside=False)
+
+    def _change_rule(self, used: bool) -> Mutation | None:
+        """The same for a method outside the generated classes' MRO: a rule vLLM applies to
+        AFD's configurations (which runner it builds, the CPU KV block size)."""
+        return self._contract_mutation("change_rule", outside=True)
+
+    def _contract_mutation(self, operator: str, outside: bool) -> Mutation | None:
         contracts = {}
         for entry in self.lock.classes.values():
             for method, stated in entry.relies_on.items():
+                if outside and ":" not in method:
+                    continue  # a ``module:Class.method`` key names a method outside the MRO
                 key = relied_ref(entry, method)
                 if key is None or not _in_vllm(self.lock.symbols[key]):
                     continue
@@ -439,7 +463,153 @@ class Mutator:
         elsewhere = any(not start <= other <= stop for other in recorded.lines)
         expected = "DRF071" if elsewhere else "DRF070"
         indent = _indent(self._lines(path)[start - 1])
-        return Mutation("break_contract", symbol, path, expected, start, stop, (f"{indent}pass",))
+        return Mutation(operator, symbol, path, expected, start, stop, (f"{indent}pass",))
+
+    # --- operators on AFD's own call sites and reads ----------------------------------
+
+    def _sited(
+        self, how: SiteKind, keywords: bool = False, bound: bool = False
+    ) -> list[tuple[str, SymbolEntry]]:
+        """Recorded vLLM symbols AFD's code uses at a site of kind ``how`` (with keywords; with
+        every argument known: a call unpacking ``**kwargs`` may pass any parameter)."""
+        return [
+            (key, entry)
+            for key, entry in sorted(self.lock.symbols.items())
+            if _in_vllm(entry)
+            and any(
+                s.how is how and (s.keywords or not keywords) and not (bound and s.unpacked)
+                for s in entry.sites
+            )
+        ]
+
+    def _header(
+        self,
+        operator: str,
+        key: str,
+        path: str,
+        expected: str | None,
+        node: Function,
+        change: Callable[[ast.arguments], bool],
+    ) -> Mutation | None:
+        """Rewrite the ``def`` line(s) of ``node`` with its parameters changed by ``change`` (which
+        says whether it changed anything); None for a one-line function."""
+        first_body = _first_line(node.body[0])
+        if first_body <= node.lineno:
+            return None
+        arguments = ast.parse(ast.unparse(node.args).join(("def f(", "): pass"))).body[0]
+        assert isinstance(arguments, ast.FunctionDef)
+        if not change(arguments.args):
+            return None
+        indent = _indent(self._lines(path)[node.lineno - 1])
+        returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+        prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+        header = f"{indent}{prefix} {node.name}({ast.unparse(arguments.args)}){returns}:"
+        return Mutation(operator, key, path, expected, node.lineno, first_body - 1, (header,))
+
+    def _rename_keyword(self, used: bool) -> Mutation | None:
+        """Rename a parameter AFD's code passes by keyword (a method's, or a constructor's)."""
+        sited = self._sited(SiteKind.CALL, True) + self._sited(SiteKind.CONSTRUCT, True)
+        if not sited:
+            return None
+        key, entry = self.rng.choice(sited)
+        site = self.rng.choice([s for s in entry.sites if s.keywords])
+        keyword = self.rng.choice(site.keywords)
+        found = self._callable(key, entry, site.how)
+        if found is None:
+            return None
+        path, node = found
+
+        def rename(args: ast.arguments) -> bool:
+            for arg in [*args.args, *args.kwonlyargs]:
+                if arg.arg == keyword:
+                    arg.arg = f"{keyword}_renamed"
+                    return True
+            return False  # passed through **kwargs
+
+        return self._header("rename_keyword", key, path, "DRF023", node, rename)
+
+    def _require_param(self, used: bool) -> Mutation | None:
+        """Give a constructor AFD's code calls (or, unrecorded, any unrecorded method) a required
+        keyword-only parameter."""
+        if used:
+            constructed = self._sited(SiteKind.CONSTRUCT, bound=True)
+            if not constructed:
+                return None
+            key, entry = self.rng.choice(constructed)
+            found = self._callable(key, entry, SiteKind.CONSTRUCT)
+            if found is None:
+                return None
+            path, node = found
+        else:
+            key, path, node = self.rng.choice(self.unrecorded)
+
+        def require(args: ast.arguments) -> bool:
+            args.kwonlyargs.append(ast.arg("afd_required"))
+            args.kw_defaults.append(None)
+            return True
+
+        expected = "DRF023" if used else None
+        return self._header("require_param", key, path, expected, node, require)
+
+    def _callable(self, key: str, entry: SymbolEntry, how: SiteKind) -> tuple[str, Function] | None:
+        """The file and ``def`` a site of ``how`` binds to: the function or method, or the
+        class's own ``__init__`` (None when the class inherits it or is a dataclass)."""
+        file, line = entry.description.file or "", entry.description.line or 0
+        if how is SiteKind.CALL:
+            return file, _function(self.text(file), line)
+        cls = self._class(file, line)
+        init = next((n for n in cls.body if isinstance(n, Function) and n.name == "__init__"), None)
+        return None if init is None else (file, init)
+
+    def _unread_attributes(self) -> Iterator[tuple[str, str, int, str]]:
+        """``self.x = ...`` lines in methods the lock does not record, of attributes it does not
+        record either (key, file, line, attribute)."""
+        for key, path, node in self.unrecorded:
+            owner = key.rpartition(".")[0]
+            if ":" not in owner:
+                continue  # a module function
+            for statement in ast.walk(node):
+                if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+                    continue
+                target = statement.targets[0]
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                    and f"{owner}.{target.attr}" not in self.lock.symbols
+                ):
+                    yield key, path, statement.lineno, target.attr
+
+    def _rename_attribute(self, used: bool) -> Mutation | None:
+        """Rename where upstream sets an attribute AFD's code reads (unrecorded: one in a method
+        the lock does not record, whose attribute AFD never reads)."""
+        if used:
+            attributes = [
+                (key, entry)
+                for key, entry in self._sited(SiteKind.READ)
+                if entry.kind is SymbolKind.INSTANCE_ATTRIBUTE
+            ]
+            if not attributes:
+                return None
+            key, entry = self.rng.choice(attributes)
+            path, line = entry.description.file or "", entry.description.line or 0
+            name = key.rsplit(".", 1)[1]
+            if self.text(path).count(f"self.{name} =") != 1:
+                return None  # set in more than one place: renaming one leaves it defined
+            expected: str | None = "DRF001"
+        else:
+            if self._unread is None:
+                self._unread = list(self._unread_attributes())
+            if not self._unread:
+                return None
+            key, path, line, name = self.rng.choice(self._unread)
+            expected = None
+        text = self._lines(path)[line - 1]
+        target = f"self.{name} "
+        if text.count(target) != 1 or not text.lstrip().startswith(target):
+            return None  # only a plain ``self.x = ...`` line
+        new = text.replace(target, f"self.{name}_renamed ", 1)
+        return Mutation("rename_attribute", key, path, expected, line, line, (new,))
 
     # --- class operators ------------------------------------------------------------
 
@@ -501,9 +671,20 @@ OPERATORS = (
     "break_contract",
     "shadow_extend",
     "change_base",
+    "change_rule",
+    "rename_keyword",
+    "require_param",
+    "rename_attribute",
 )
 #: operators that also make sense on symbols the lock does not record (expected: no finding)
-UNUSED_OPERATORS = ("rename_param", "change_default", "drop_param", "change_body")
+UNUSED_OPERATORS = (
+    "rename_param",
+    "change_default",
+    "drop_param",
+    "change_body",
+    "require_param",
+    "rename_attribute",
+)
 
 
 def apply(mutation: Mutation, source_root: Path, work: Path) -> Path:

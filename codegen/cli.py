@@ -170,7 +170,13 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     return run_audit(
-        args.repo, args.to, to_root=args.to_root, out=args.out, apply=args.apply, progress=progress
+        args.repo,
+        args.to,
+        from_version=args.from_version,
+        to_root=args.to_root,
+        out=args.out,
+        apply=args.apply,
+        progress=progress,
     )
 
 
@@ -253,7 +259,10 @@ def _add_drift_commands(sub: Any) -> None:
         "the others stay at their pins",
     )
     drift.add_argument(
-        "--from", dest="from_version", help="the old version (default: the pinned one)"
+        "--from",
+        dest="from_version",
+        help="the old version (default: for vllm the newest supported release below --to, else "
+        "the primary; for another package its pin)",
     )
     drift.add_argument("--from-root", type=Path, help="read the old version from this source tree")
     drift.add_argument("--to-root", type=Path, help="read the new version from this source tree")
@@ -265,7 +274,17 @@ def _add_drift_commands(sub: Any) -> None:
         "audit",
         help="upgrade audit report: drift + dry-run regeneration + generated diff + work list",
     )
-    audit.add_argument("--to", required=True, help="the new vLLM version, e.g. 0.28.0")
+    audit.add_argument(
+        "--to",
+        required=True,
+        help="the new vLLM version, e.g. 0.28.0, compared with the newest supported release "
+        "below it (else the primary)",
+    )
+    audit.add_argument(
+        "--from",
+        dest="from_version",
+        help="the vLLM release to compare with (default: the newest supported release below --to)",
+    )
     audit.add_argument("--to-root", type=Path, help="read the new version from this source tree")
     audit.add_argument(
         "--out",

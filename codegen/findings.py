@@ -98,6 +98,7 @@ class Kind(enum.Enum):
     DRIFT_BODY = "DRF020"
     DRIFT_INHERITED_BODY = "DRF021"
     DRIFT_CALLEE_SIGNATURE = "DRF022"
+    DRIFT_CALL_SITE = "DRF023"
     DRIFT_ANCHOR_LOST = "DRF030"
     DRIFT_ANCHOR_COUNT = "DRF031"
     DRIFT_REBASED = "DRF032"
@@ -180,6 +181,7 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.DRIFT_BODY: "the upstream body an override replaces changed",
     Kind.DRIFT_INHERITED_BODY: "an upstream body AFD inherits or relies on changed",
     Kind.DRIFT_CALLEE_SIGNATURE: "a name a forked body calls changed its signature",
+    Kind.DRIFT_CALL_SITE: "a call in AFD's own code no longer binds to the new signature",
     Kind.DRIFT_ANCHOR_LOST: "a fork's anchor matches nothing in the new version",
     Kind.DRIFT_ANCHOR_COUNT: "a fork's anchor matches a different number of places in the new version",
     Kind.DRIFT_REBASED: "a fork's edits apply cleanly to the new body",

@@ -17,6 +17,7 @@ from typing import Any
 import libcst as cst
 
 from afd_models.generated_registry import GENERATED_ROOT
+from codegen.call_sites import SiteUse, afd_sites
 from codegen.contracts import evaluate
 from codegen.edit import EditError, RelativeImportRewriter, SuperRewriter
 from codegen.findings import Finding, Kind, Location, Severity
@@ -74,6 +75,8 @@ class Generation:
     runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)
     #: upstream attributes the runtime reads (:data:`UPSTREAM_FIELDS_PATH`)
     runtime_fields: list[SymbolRef] = field(default_factory=list)
+    #: where hand-written code (overlay members, fork edits, the runtime) calls or reads upstream
+    sites: list[SiteUse] = field(default_factory=list)
     #: where this generation's lock lives (:func:`lock_path`)
     lock_path: Path = LOCK_PATH
 
@@ -98,6 +101,7 @@ GENERATOR_MODULES = (
     "lock.py",
     "signatures.py",
     "fork.py",
+    "call_sites.py",
 )
 
 
@@ -173,6 +177,9 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
                     Location(users[0].rsplit(":", 1)[0], int(users[0].rsplit(":", 1)[1])),
                 )
             )
+    result.sites = afd_sites(
+        repo_root, index, result.classes, result.namespaces, runtime_files(repo_root)
+    )
     result.runtime_fields = runtime_fields(repo_root)
     for ref in result.runtime_fields:
         owner, _, member = ref.qualname.partition(".")

@@ -150,6 +150,7 @@ class UpstreamIndex:
         self.sources = sources
         self._modules: dict[str, ModuleInfo | None] = {}
         self._mro: dict[SymbolRef, list[SymbolRef]] = {}
+        self._self_attributes: dict[SymbolRef, dict[str, dict[str, ast.stmt]]] = {}
 
     # ------------------------------------------------------------------ modules
 
@@ -363,6 +364,49 @@ class UpstreamIndex:
                 return Member(cls.member(name), member, info)
         return None
 
+    def instance_attribute(self, ref: SymbolRef, name: str) -> Member | None:
+        """The first ``self.<name> = ...`` in a method that runs on ``ref``'s instances: an
+        attribute each instance gets (vLLM sets most in ``__init__``), which the class body never
+        names. A method runs when it is the first definition of its name along the MRO, or one
+        a running definition hands on to with ``super().<name>(...)``."""
+        handed_on: dict[str, bool] = {}
+        for cls in self.mro(ref):
+            for method, assigned in self._assigned_on_self(cls).items():
+                if not handed_on.get(method, True):
+                    continue  # overridden by a definition that never calls it
+                node = self.own_members(cls)[method]
+                handed_on[method] = _calls_super(node, method)
+                if name in assigned:
+                    info = self.module(cls.module)
+                    assert info is not None
+                    return Member(cls.member(name), assigned[name], info)
+        return None
+
+    def _assigned_on_self(self, cls: SymbolRef) -> dict[str, dict[str, ast.stmt]]:
+        """Per method of the class's own body: the attributes it sets on ``self``."""
+        if cls not in self._self_attributes:
+            found: dict[str, dict[str, ast.stmt]] = {}
+            for method, node in self.own_members(cls).items():
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                assigned = found.setdefault(method, {})
+                for statement in ast.walk(node):
+                    if isinstance(statement, ast.Assign):
+                        targets = [t for target in statement.targets for t in _unpacked(target)]
+                    elif isinstance(statement, ast.AnnAssign):
+                        targets = [statement.target]
+                    else:
+                        continue
+                    for target in targets:
+                        if (
+                            isinstance(target, ast.Attribute)
+                            and isinstance(target.value, ast.Name)
+                            and target.value.id == "self"
+                        ):
+                            assigned.setdefault(target.attr, statement)
+            self._self_attributes[cls] = found
+        return self._self_attributes[cls]
+
     def outside_method(self, relied: str) -> Member | None:
         """The method ``module:Class.method`` that a ``relies_on`` key names outside a generated
         class's MRO, defined in that class's own body; None when it defines none."""
@@ -386,6 +430,26 @@ class UpstreamIndex:
             for name, node in self.own_members(cls).items():
                 result.setdefault(name, Member(cls.member(name), node, info))
         return result
+
+
+def _calls_super(function: ast.AST, name: str) -> bool:
+    """Whether ``function`` calls ``super().<name>(...)``."""
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+        and isinstance(node.func.value, ast.Call)
+        and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id == "super"
+        for node in ast.walk(function)
+    )
+
+
+def _unpacked(target: ast.expr) -> list[ast.expr]:
+    """The single targets of an assignment target (``self.a, self.b = ...`` has two)."""
+    if isinstance(target, ast.Tuple | ast.List):
+        return [t for element in target.elts for t in _unpacked(element)]
+    return [target]
 
 
 def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:

@@ -18,6 +18,7 @@ from codegen.lock import (
     ContractEntry,
     Lock,
     MemberEntry,
+    Site,
     SymbolDescription,
     SymbolEntry,
     SymbolKind,
@@ -39,9 +40,14 @@ def describe_symbol(index: UpstreamIndex, ref: SymbolRef) -> SymbolDescription:
     owner, _, member = ref.qualname.partition(".")
     if member:
         found = index.find_member(SymbolRef(ref.module, owner), member)
-        if found is None:
-            return SymbolDescription(SymbolKind.MISSING)
-        return _describe_member(found)
+        if found is not None:
+            return _describe_member(found)
+        assigned = index.instance_attribute(SymbolRef(ref.module, owner), member)
+        if assigned is not None:  # no value fingerprint: any change to the assignment is noise
+            return SymbolDescription(
+                SymbolKind.INSTANCE_ATTRIBUTE, assigned.module.path.as_posix(), assigned.line
+            )
+        return SymbolDescription(SymbolKind.MISSING)
     if owner in info.classes:
         init = index.find_member(ref, "__init__")
         has_init = init is not None and init.is_method
@@ -102,18 +108,24 @@ class _Symbols:
         self.uses: dict[str, set[SymbolUse]] = {}
         self.users: dict[str, set[str]] = {}
         self.descriptions: dict[str, SymbolDescription] = {}
+        self.sites: dict[str, set[Site]] = {}
 
-    def add(self, ref: SymbolRef, use: SymbolUse, user: str) -> None:
+    def add(self, ref: SymbolRef, use: SymbolUse, user: str, site: Site | None = None) -> None:
         key = str(ref)
         if key not in self.descriptions:
             self.descriptions[key] = describe_symbol(self.index, ref)
         self.uses.setdefault(key, set()).add(use)
         self.users.setdefault(key, set()).add(user)
+        if site is not None:
+            self.sites.setdefault(key, set()).add(site)
 
     def entries(self) -> dict[str, SymbolEntry]:
         return {
             key: SymbolEntry(
-                self.descriptions[key], frozenset(self.uses[key]), tuple(sorted(self.users[key]))
+                self.descriptions[key],
+                frozenset(self.uses[key]),
+                tuple(sorted(self.users[key])),
+                tuple(sorted(self.sites.get(key, ()), key=Site.order)),
             )
             for key in sorted(self.descriptions)
         }
@@ -214,6 +226,8 @@ def build_lock(
             symbols.add(ref, SymbolUse.IMPORTED_BY_RUNTIME, user.rsplit(":", 1)[0])
     for ref in generation.runtime_fields:
         symbols.add(ref, SymbolUse.READ_BY_RUNTIME, UPSTREAM_FIELDS_PATH.as_posix())
+    for found in generation.sites:
+        symbols.add(found.ref, found.use, found.user, found.site)
     return Lock(
         upstream={
             p: UpstreamEntry(versions[p], dict(sorted(upstream.get(p, {}).items())))

@@ -12,7 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from codegen.findings import Finding, Severity, summary
+from codegen.findings import Finding, Location, Severity, summary
+from codegen.generate import LOCK_PATH
 
 _ORDER = (Severity.BLOCK, Severity.REVIEW, Severity.INFO)
 _SARIF_LEVEL = {Severity.BLOCK: "error", Severity.REVIEW: "warning", Severity.INFO: "note"}
@@ -99,22 +100,35 @@ def as_markdown(findings: Sequence[Finding], title: str, intro: Sequence[str] = 
     return "\n".join(lines).rstrip() + "\n"
 
 
-def as_sarif(findings: Sequence[Finding], tool_version: str) -> str:
+def as_sarif(
+    findings: Sequence[Finding], tool_version: str, fallback: str = LOCK_PATH.as_posix()
+) -> str:
+    """SARIF 2.1.0 for code-scanning UIs, which show results on files of the repository scanned:
+    each result is located at ``ours`` (repository-relative), else at ``fallback`` (the lock);
+    the upstream places, which are no file of ours, go into the message."""
     rules = {f.code: f.kind.describe for f in findings}
     results = []
     for finding in ordered(findings):
-        where = finding.target or finding.ours or finding.upstream
-        result: dict[str, Any] = {
-            "ruleId": finding.code,
-            "level": _SARIF_LEVEL[finding.severity],
-            "message": {"text": f"{finding.symbol}: {finding.message}"},
-        }
-        if where is not None:
-            region = {"startLine": where.line} if where.line else {}
-            result["locations"] = [
-                {"physicalLocation": {"artifactLocation": {"uri": where.path}, "region": region}}
-            ]
-        results.append(result)
+        where = finding.ours or Location(fallback)
+        upstream = [
+            f"{label} {place}"
+            for label, place in (("before", finding.upstream), ("after", finding.target))
+            if place is not None
+        ]
+        text = f"{finding.symbol}: {finding.message}"
+        if upstream:
+            text += f" (upstream {', '.join(upstream)})"
+        physical: dict[str, Any] = {"artifactLocation": {"uri": where.path}}
+        if where.line:
+            physical["region"] = {"startLine": where.line}
+        results.append(
+            {
+                "ruleId": finding.code,
+                "level": _SARIF_LEVEL[finding.severity],
+                "message": {"text": text},
+                "locations": [{"physicalLocation": physical}],
+            }
+        )
     document = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",

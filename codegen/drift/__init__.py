@@ -8,6 +8,8 @@ One job per module, the engine first, then the use cases that drive it:
 * :mod:`~codegen.drift.renames`: a removed symbol's successor, and edits re-anchored on it;
 * :mod:`~codegen.drift.forks`: each fork's edits re-applied to the new body;
 * :mod:`~codegen.drift.contracts`: contracts of relied-on methods on the new bodies;
+* :mod:`~codegen.drift.call_sites`: AFD's own calls bound against the new signatures;
+* :mod:`~codegen.drift.ours`: where in this repository each finding lands;
 * :mod:`~codegen.drift.model_registry`: the architectures AFD registers for, in vLLM's registry;
 * :mod:`~codegen.drift.compare`: all of the above for one lock, as one list of findings;
 * :mod:`~codegen.drift.run`: ``codegen drift`` (the lock of the old version, or a regeneration);
@@ -23,7 +25,8 @@ Severity follows what AFD does with the symbol:
 * block: generation against the new version would fail or be wrong without a human: a removed
   base, fork or override target, a changed signature of something we override or fork, a lost or
   ambiguous anchor, an ``extend`` name upstream now defines, a broken contract of a relied-on
-  method (what AFD would do wrong is in the message);
+  method (what AFD would do wrong is in the message), a call in AFD's own code that no longer
+  binds, a member it reads that is gone;
 * review: the code still generates, but behaviour we depend on may have changed: a forked body
   upstream edited (outside our anchors: the generated code changes with it; inside: 3-way), the
   signature of something we call or import, a contract now matching elsewhere, MRO;

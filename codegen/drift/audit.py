@@ -1,11 +1,13 @@
 """``python -m codegen audit``: the upgrade audit, for people and machines.
 
-    python -m codegen audit --to 0.28.0 [--to-root DIR] [--out DIR] [--apply]
+    python -m codegen audit --to 0.28.0 [--from 0.26.0] [--to-root DIR] [--out DIR] [--apply]
 
-Drift, plus a dry-run regeneration against the new version (in memory), the diff of the
-generated code and a work list, as Markdown with a JSON twin. It touches neither the overlay nor
-the lock; ``--apply`` adds the release to the supported ones and writes its lock only when
-nothing blocks, for review in a normal diff.
+Drift from the default base (the newest supported release below the target, see
+:func:`codegen.drift.run.default_base`), plus a dry-run regeneration against the new version (in
+memory), the diff of the code generated for the base and for the new version, and a work list,
+as Markdown with a JSON twin. It touches neither the overlay nor the lock; ``--apply`` adds the
+release to the supported ones and writes its lock only when nothing blocks, for review in a
+normal diff.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ def work_list(findings: list[Finding]) -> list[str]:
     for finding in ordered(findings):
         if finding.severity is Severity.INFO:
             continue
-        where = finding.target or finding.ours or finding.upstream
+        # where to edit (ours), then where upstream it changed
+        places = (finding.ours, finding.target or finding.upstream)
+        where = ", ".join(f"`{place}`" for place in places if place)
         items.append(
             f"- [ ] **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}"
-            + (f" (`{where}`)" if where else "")
+            + (f" ({where})" if where else "")
         )
         if finding.kind is Kind.DRIFT_RENAMED:  # the call sites and their re-anchored edits
             items.extend(f"    - `{line.strip()}`" for line in finding.details)
@@ -72,6 +76,7 @@ def run_audit(
     repo_root: Path,
     to_version: str,
     *,
+    from_version: str | None = None,
     to_root: Path | None = None,
     out: Path | None = None,
     apply: bool = False,
@@ -80,9 +85,13 @@ def run_audit(
     """Write ``audit.md`` and ``audit.json`` into ``out`` (default ``.afd-work/audit/<to>``);
     with ``apply``, also support the release and write its lock when nothing blocks. Returns the
     exit code."""
-    run = run_drift(repo_root, to_version, to_root=to_root, progress=progress)
+    run = run_drift(
+        repo_root, to_version, from_version=from_version, to_root=to_root, progress=progress
+    )
     progress(f"dry-run regeneration against vllm {run.new_version}")
-    current, _ = generate(open_context(repo_root, quiet=True))
+    # the code of the base, so that the diff shows what the new release changes in the classes
+    # that release gets (those limited by when= to newer releases included)
+    current, _ = generate(open_context(repo_root, version=run.old_version, quiet=True))
     dry, _ = generate(
         open_context(repo_root, upstream_root=to_root, version=to_version, quiet=True)
     )
@@ -100,13 +109,15 @@ def run_audit(
         if dry.blocked
         else f"succeeded ({len(dry.files)} files, {len(dry.classes)} classes)"
     )
+    base = "" if run.old_version == run.default_from else f" --from {run.old_version}"
     text = [
         f"# {title}",
         "",
-        f"Made by `python -m codegen audit --to {run.new_version}` (`nox -s audit -- {run.new_version}`). Nothing in",
+        f"Made by `python -m codegen audit --to {run.new_version}{base}` (`nox -s audit -- {run.new_version}{base}`). Nothing in",
         "`overlay/` or the lock was changed. Sections: the work list, the dry-run regeneration, the diff of",
         "the generated code, and every drift finding.",
         "",
+        f"- base {run.old_version}: {run.base_reason}",
         f"- drift: **{summary(run.findings)}** ({run.seconds:.1f} s)",
         f"- dry-run regeneration against {run.new_version}: **{regen_state}**, {summary(dry.findings)}",
         f"- generated code: {sum(1 for line in diff if line.startswith('+++'))} file(s) change, {len(diff)} diff lines",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from codegen.drift.call_sites import site_findings
 from codegen.drift.contracts import contract_findings
 from codegen.drift.forks import NewBodies, fork_findings
 from codegen.drift.renames import find_renames
@@ -75,7 +76,10 @@ def compare(
         _unused_on_new(f, lock, bodies, own)
         for f in symbol_findings(lock, old, new, renames, sites, members)
     ]
-    return findings + forks + list(contract_findings(lock, old, new))
+    limited = members.elsewhere if members is not None else frozenset()
+    calls = list(site_findings(lock, old, new, limited))
+    elsewhere = members.contracts_elsewhere if members is not None else frozenset()
+    return findings + forks + list(contract_findings(lock, old, new, elsewhere)) + calls
 
 
 def _restricted(lock: Lock, files: set[str]) -> Lock:

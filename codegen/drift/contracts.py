@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from codegen.contracts import evaluate
 from codegen.drift.sides import Side, body_diff
@@ -12,6 +13,16 @@ from codegen.lock import ClassEntry, ContractEntry, Lock
 from codegen.markers import Contract
 from codegen.model import SymbolRef
 from codegen.pattern import PatternError
+
+
+class ContractKey(NamedTuple):
+    """One contract as one generated class states it."""
+
+    #: the generated class (``module:Class``)
+    generated_class: str
+    #: the ``relies_on`` key: a method name, or ``module:Class.method``
+    relied_on: str
+    contract_id: str
 
 
 def contract_ids(lock: Lock) -> dict[str, set[str]]:
@@ -37,9 +48,18 @@ def relied_ref(entry: ClassEntry, name: str) -> str | None:
     return member.upstream if member is not None else None
 
 
-def contract_findings(lock: Lock, old: Side, new: Side) -> Iterator[Finding]:
-    """Each contract of a relied-on method whose body changed, evaluated on the new body."""
+def contract_findings(
+    lock: Lock,
+    old: Side,
+    new: Side,
+    elsewhere: frozenset[ContractKey] = frozenset(),
+) -> Iterator[Finding]:
+    """Each contract of a relied-on method whose body changed, evaluated on the new body.
+
+    ``elsewhere``: the contracts whose ``when=`` excludes the new release: the overlay states they
+    stop holding there, so a break is info."""
     relied_by: dict[tuple[str, str], list[str]] = {}
+    limited: dict[tuple[str, str], bool] = {}
     checks: dict[tuple[str, str], tuple[Member, Contract, ContractEntry]] = {}
     for class_key, entry in lock.classes.items():
         base = SymbolRef.parse(entry.base)
@@ -67,6 +87,9 @@ def contract_findings(lock: Lock, old: Side, new: Side) -> Iterator[Finding]:
                 )
                 checks[(key, contract_id)] = (target, contract, recorded)
                 relied_by.setdefault((key, contract_id), []).append(class_key.split(":")[-1])
+                limited[(key, contract_id)] = limited.get((key, contract_id), True) and (
+                    ContractKey(class_key, name, contract_id) in elsewhere
+                )
     for (key, contract_id), (target, contract, recorded) in sorted(checks.items()):
         symbol = f"{key}#{contract_id}"
         try:
@@ -91,11 +114,19 @@ def contract_findings(lock: Lock, old: Side, new: Side) -> Iterator[Finding]:
         )
         users = ", ".join(relied_by[(key, contract_id)])
         if found == 0:
+            absorbed = limited[(key, contract_id)]
             yield Finding(
                 Kind.DRIFT_CONTRACT_BROKEN,
-                Severity.BLOCK,
+                Severity.INFO if absorbed else Severity.BLOCK,
                 symbol,
-                f"contract {contract_id!r} no longer holds in {new.version} (relied on by {users}): {contract.if_broken}",
+                f"contract {contract_id!r} no longer holds in {new.version} (relied on by {users}): {contract.if_broken}"
+                + (
+                    f"; its when= limits it to other releases: the overlay states it answers "
+                    f"{new.version} otherwise (drift takes its word; a regeneration for "
+                    f"{new.version}, as the audit's dry run, checks the contracts that apply there)"
+                    if absorbed
+                    else ""
+                ),
                 upstream=old.location(SymbolRef.parse(key)),
                 target=where,
                 old=str(contract.count),

@@ -4,21 +4,30 @@ defines, and a changed MRO."""
 
 from __future__ import annotations
 
+import difflib
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from codegen.drift.renames import Rename, only_renamed, re_anchored, renamed_code
+from codegen.drift.renames import (
+    SITE_CODE_CHARS,
+    Rename,
+    only_renamed,
+    re_anchored,
+    renamed_code,
+)
 from codegen.drift.sides import Side, body_diff
-from codegen.edit import EditError
+from codegen.edit import EditError, ParsedMethod
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.fork import FailedFork, ForkStage, apply_fork
 from codegen.index import Member, same_behaviour
-from codegen.lock import Lock, MemberEntry
+from codegen.lock import AnchorEntry, Lock, MemberEntry
 from codegen.markers import Edit
 from codegen.model import MemberKind, SymbolRef
 from codegen.names import global_names
+from codegen.pattern import normalized_code, parse_pattern
 from codegen.releases import applicable
 
 
@@ -143,14 +152,21 @@ def _rebase(
             return
         exc = fork.error
         kind = Kind.DRIFT_ANCHOR_LOST if exc.found == 0 else Kind.DRIFT_ANCHOR_COUNT
+        recorded = (member.anchors or {}).get(exc.edit.id) if exc.edit in old_edits else None
+        fix, hint = (
+            _lost(exc.edit, recorded, fork.parsed, old.version, new.version, where)
+            if kind is Kind.DRIFT_ANCHOR_LOST
+            else ("re-anchor the edit", ())
+        )
         yield Finding(
             kind,
             Severity.BLOCK,
             f"{symbol}#{exc.edit.id}",
-            f"anchor {exc.edit.anchor!r} matches {exc.found} place(s) in {new.version}, expected {exc.edit.count}; re-anchor the edit",
+            f"anchor {exc.edit.anchor!r} matches {exc.found} place(s) in {new.version}, expected {exc.edit.count}; {fix}",
             target=where,
             old=str(exc.edit.count),
             new=str(exc.found),
+            details=hint,
         )
         return
     bodies.names |= global_names(fork.function)
@@ -237,3 +253,93 @@ def _generated_diff(
     return body_diff(
         bodies[0], bodies[1], f"generated ({old.version})", f"generated ({new.version})"
     )
+
+
+def _lost(
+    edit: Edit,
+    recorded: AnchorEntry | None,
+    parsed: ParsedMethod,
+    old_version: str,
+    new_version: str,
+    where: Location,
+) -> tuple[str, tuple[str, ...]]:
+    """The fix of a lost anchor (re-anchor it on the nearest code of the new body) and the
+    details showing it: what the anchor matched in the pinned body, and the new body's code most
+    like it, as an anchor to paste."""
+    anchored = recorded.matched[0] if recorded is not None and recorded.matched else None
+    nearest = nearest_code(parsed, edit.anchor, anchored)
+    if nearest is None:
+        return "re-anchor the edit", ()
+    at = f"{where.path}:{nearest.line}"
+    code = nearest.code
+    short = code if len(code) <= SITE_CODE_CHARS else code[:SITE_CODE_CHARS] + " ..."
+    details = (
+        *(
+            [f"matched in {old_version} at line {recorded.lines[0]}: {anchored}"]
+            if recorded is not None and anchored
+            else []
+        ),
+        f"nearest in {new_version} at {at} ({nearest.ratio:.0%} alike): {code}",
+        f"    proposed anchor: {nearest.anchor!r}",
+    )
+    return f"re-anchor the edit: the nearest code is at {at}: {short}", details
+
+
+@dataclass(frozen=True)
+class Nearest:
+    """The code of a new body most like what a lost anchor matched."""
+
+    #: its first line in the upstream file
+    line: int
+    #: normalized, as the lock records what an anchor matched (a run joined by ``" | "``)
+    code: str
+    #: its source, as an anchor that matches it
+    anchor: str
+    #: how alike it is to what the anchor matched (difflib's ratio)
+    ratio: float
+
+
+def nearest_code(parsed: ParsedMethod, anchor: str, anchored: str | None = None) -> Nearest | None:
+    """The code of a body most like what a lost ``anchor`` matched in the pinned body
+    (``anchored``, normalized as the lock records it; else the anchor's text); None when the body
+    has no code of the anchor's shape: expressions of its node type, or runs of as many
+    statements."""
+    pattern = parse_pattern(anchor)
+    wanted = anchored or textwrap.dedent(anchor).strip()
+    nodes = list(_descendants(parsed.function.body))
+    runs: list[list[cst.CSTNode]] = []
+    if pattern.expression is not None:
+        runs = [[n] for n in nodes if type(n) is type(pattern.expression)]
+    else:
+        size = wanted.count(" | ") + 1 if anchored else len(pattern.statements)
+        for block in (n for n in nodes if isinstance(n, cst.IndentedBlock)):
+            body: list[cst.CSTNode] = list(block.body)
+            runs += [body[start : start + size] for start in range(len(body) - size + 1)]
+    best: tuple[float, list[cst.CSTNode], str] | None = None
+    for run in runs:
+        code = " | ".join(normalized_code(n) for n in run)
+        matcher = difflib.SequenceMatcher(None, wanted, code, autojunk=False)
+        if best is not None and matcher.quick_ratio() <= best[0]:
+            continue  # a cheap upper bound first: a body has many candidates
+        ratio = matcher.ratio()
+        if best is None or ratio > best[0]:
+            best = (ratio, run, code)
+    if best is None:
+        return None
+    ratio, run, code = best
+    line = parsed.positions[run[0]].start.line + parsed.first_line - 2
+    return Nearest(line, code, "\n".join(_source(n) for n in run), ratio)
+
+
+def _source(node: cst.CSTNode) -> str:
+    """The code of ``node`` as written, without the comment lines above a statement."""
+    if isinstance(node, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+        node = node.with_changes(leading_lines=())
+    return cst.Module(body=[]).code_for_node(node).strip()
+
+
+def _descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``node`` and every node under it, in source order."""
+    yield node
+    for child in node.children:
+        yield from _descendants(child)

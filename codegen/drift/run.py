@@ -4,8 +4,11 @@ versions of one pinned upstream package (the other pinned packages stay at their
     python -m codegen drift --to 0.28.0 [--package vllm|vllm_ascend] [--from 0.26.0]
                             [--from-root DIR] [--to-root DIR] [--format md|json|sarif] [--out FILE]
 
-The old version's lock is the committed one when it is up to date, else a regeneration in memory.
-Nothing in the overlay or the lock is touched.
+Without ``--from``, vLLM's old version is the newest supported release below the target (the
+overlay already handles each supported one; comparing with an older one reports again what it
+absorbed), else the primary; vLLM-Ascend's is its pin. The old version's lock is the committed one
+when it is up to date, else a regeneration in memory. Nothing in the overlay or the lock is
+touched.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from codegen.drift.compare import compare
+from codegen.drift.contracts import ContractKey
 from codegen.drift.model_registry import native_architectures, registry_findings
+from codegen.drift.ours import locate_ours
 from codegen.drift.sides import Side
 from codegen.drift.symbols import OverlayMembers
 from codegen.findings import Finding
@@ -25,12 +30,13 @@ from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import read_lock
 from codegen.markers import Delta
-from codegen.model import MemberKind, Signature
+from codegen.model import MemberKind, OverlayClass, Signature
 from codegen.names import global_names
 from codegen.overlay import committed_edits, declared_members
 from codegen.pipeline import Context, generate, open_context, up_to_date
+from codegen.releases import applies, release_key
 from codegen.report import as_markdown
-from codegen.sources import load_pins, locate
+from codegen.sources import Pin, load_pins, locate
 
 #: how reports name each pinned package
 DISPLAY_NAMES = {"vllm": "vLLM", "vllm_ascend": "vLLM-Ascend"}
@@ -52,14 +58,17 @@ class DriftRun:
     new_index: UpstreamIndex
     seconds: float
     origins: dict[str, str]
-    #: the package's pinned release (the default ``--from``)
-    pinned_version: str
+    #: what ``--from`` defaults to for this package and target (:func:`default_base`)
+    default_from: str
+    #: why ``old_version`` is the base, for the report
+    base_reason: str
 
     def header(self) -> dict[str, Any]:
         return {
             "package": self.package,
             "from": self.old_version,
             "to": self.new_version,
+            "from_reason": self.base_reason,
             "seconds": round(self.seconds, 2),
             "sources": self.origins,
         }
@@ -82,16 +91,24 @@ def run_drift(
             f"--package {package!r} is not pinned in {PINS_PATH}; allowed: {', '.join(pins)}"
         )
     pinned = open_context(repo_root, quiet=True)
+    if package == "vllm":
+        default_from, reason = default_base(pins[package], to_version)
+    else:  # vLLM-Ascend supports one release: its pin
+        default_from, reason = pins[package].version, "the pinned release (overlay/pins.toml)"
+    if from_version is not None:
+        reason = "given by --from"
 
-    def side(version: str | None, root: Path | None) -> Context:
+    def side(version: str, root: Path | None) -> Context:
         """The pinned sources with ``package`` at ``version`` (or read from ``root``)."""
-        if version is None and root is None:
+        if version == pins[package].version and root is None:
             return pinned
         source = locate(pins[package], version, upstream_root=root, quiet=True)
         return replace(pinned, sources={**pinned.sources, package: source})
 
-    old_context, new_context = side(from_version, from_root), side(to_version, to_root)
+    old_context = side(from_version or default_from, from_root)
+    new_context = side(to_version, to_root)
     old_version, new_version = old_context.versions[package], new_context.versions[package]
+    progress(f"base {package} {old_version}: {reason}")
     progress(
         f"comparing {package} {old_version} ({old_context.sources[package].origin}) with {new_version} ({new_context.sources[package].origin})"
     )
@@ -125,6 +142,7 @@ def run_drift(
             )
         )
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
+        findings = locate_ours(findings, repo_root, lock, old_context.lock_path, old)
     origins = {
         "from": old_context.sources[package].origin,
         "to": new_context.sources[package].origin,
@@ -138,18 +156,39 @@ def run_drift(
         new_index,
         time.monotonic() - started,
         origins,
-        pinned.versions[package],
+        default_from,
+        reason,
     )
+
+
+def default_base(pin: Pin, to_version: str) -> tuple[str, str]:
+    """vLLM's ``--from`` when it is not given, and why: the newest supported release below
+    ``to_version`` (one that is supported itself compares with the one before it), else the
+    primary."""
+    try:
+        target = release_key(to_version)
+    except ValueError:  # a tree's dev version, say: nothing to order it by
+        return pin.version, f"the primary release; {to_version} is not a release number"
+    below = [v for v in pin.supported if release_key(v) < target]
+    if not below:
+        return pin.version, f"the primary release; no supported release is older than {to_version}"
+    base = max(below, key=release_key)
+    if to_version in pin.supported:
+        return base, f"the supported release before {to_version} (overlay/pins.toml)"
+    return base, f"the newest supported release below {to_version} (overlay/pins.toml)"
 
 
 def overlay_members(repo_root: Path, versions: Mapping[str, str]) -> OverlayMembers:
     """What the overlay declares, for upstream at ``versions``: the signatures of the forks and
-    overrides that release gets (with every release's deltas for each base), and the generated
-    members of every release, keyed as the lock's ``used_by``."""
+    overrides that release gets (with every release's deltas for each base), the generated
+    members of every release, keyed as the lock's ``used_by``, and the contracts whose ``when=``
+    excludes that release."""
     signatures: dict[str, tuple[Signature, tuple[Delta, ...]]] = {}
     every: set[str] = set()
     here: set[str] = set()
+    owners: dict[str, OverlayClass] = {}
     for member in declared_members(repo_root):  # one read of the overlay, every release's
+        owners[member.class_key] = member.owner
         key = f"{member.class_key}.{member.decl.name}"
         every.add(key)
         if not member.applies(versions):
@@ -158,7 +197,18 @@ def overlay_members(repo_root: Path, versions: Mapping[str, str]) -> OverlayMemb
         if member.decl.signature is not None:
             deltas = tuple(d for d in member.decl.deltas if d.applies_to(str(member.base)))
             signatures[key] = (member.decl.signature, deltas)
-    return OverlayMembers(signatures, frozenset(every), frozenset(every - here))
+    return OverlayMembers(
+        signatures,
+        frozenset(every),
+        frozenset(every - here),
+        frozenset(
+            ContractKey(class_key, name, contract.id)
+            for class_key, owner in owners.items()
+            for name, contracts in owner.relies_on.items()
+            for contract in contracts
+            if not applies(contract, versions)
+        ),
+    )
 
 
 def own_names(repo_root: Path) -> frozenset[str]:
@@ -176,11 +226,12 @@ def drift_markdown(run: DriftRun) -> str:
     command = "python -m codegen drift"
     if run.package != "vllm":
         command += f" --package {run.package}"
-    if run.package != "vllm" or run.old_version != run.pinned_version:
+    if run.package != "vllm" or run.old_version != run.default_from:
         command += f" --from {run.old_version}"
     intro = [
         f"Upstream {name} {run.old_version} -> {run.new_version}: every symbol in the lock (bases and MRO, overridden,",
         "forked and inherited methods, anchors, names the overlay and runtime import, registry keys, config fields).",
         f"Generated by `{command} --to {run.new_version}` in {run.seconds:.1f} s.",
+        f"Base {run.old_version}: {run.base_reason}.",
     ]
     return as_markdown(run.findings, f"Drift: {name} {run.old_version} -> {run.new_version}", intro)

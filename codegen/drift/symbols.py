@@ -7,12 +7,22 @@ import ast
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from codegen.drift.contracts import contract_ids
+from codegen.drift.call_sites import broken_sites, calls, site_location
+from codegen.drift.contracts import ContractKey, contract_ids
 from codegen.drift.renames import Rename, relocated
 from codegen.drift.sides import Side, body_diff
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import same_behaviour
-from codegen.lock import IMPORTS, OVERRIDES, RELIED_ON, Lock, SymbolEntry, SymbolKind, SymbolUse
+from codegen.lock import (
+    AT_SITES,
+    IMPORTS,
+    OVERRIDES,
+    RELIED_ON,
+    Lock,
+    SymbolEntry,
+    SymbolKind,
+    SymbolUse,
+)
 from codegen.lock_build import describe_symbol
 from codegen.markers import Delta, DifferenceKind
 from codegen.model import ParamKind, Signature, SymbolRef
@@ -32,7 +42,16 @@ _BREAKING_CHANGE = frozenset(
     }
 )
 #: uses whose symbol disappearing breaks generation (or the runtime)
-_BREAKING_LOSS = _BREAKING_CHANGE | IMPORTS | {SymbolUse.READ_BY_RUNTIME}
+_BREAKING_LOSS = _BREAKING_CHANGE | IMPORTS | AT_SITES | {SymbolUse.READ_BY_RUNTIME}
+#: uses of hand-written code whose calls the lock records as sites: a signature change is judged
+#: by whether those calls still bind (:mod:`codegen.drift.call_sites`)
+#: (inheriting a method is no call: upstream's own callers change with it)
+_JUDGED_BY_SITES = AT_SITES | {
+    SymbolUse.IMPORTED_BY_RUNTIME,
+    SymbolUse.IMPORTED_BY_OVERLAY,
+    SymbolUse.IMPORTED_BY_GENERATED,
+    SymbolUse.INHERITED,
+}
 #: uses whose symbol changing signature needs a look
 _REVIEWED_CHANGE = IMPORTS | RELIED_ON | {SymbolUse.READ_BY_RUNTIME, SymbolUse.BASE_ANCESTOR}
 
@@ -80,6 +99,8 @@ class OverlayMembers:
     every: frozenset[str]
     #: of them, those the target release does not get (their ``when=`` excludes it)
     elsewhere: frozenset[str]
+    #: the contracts whose ``when=`` excludes the target release
+    contracts_elsewhere: frozenset[ContractKey] = frozenset()
 
     def inherited_only(self, user: str) -> bool:
         """A generated class's member the overlay never declares: an inherited upstream one."""
@@ -170,6 +191,9 @@ def _one_symbol(
         ):  # every user is an overlay member limited (when=) to releases that still have it
             severity = Severity.INFO
             users += "; each is limited by its when= to other releases"
+        ours = site_location(entry.sites[0]) if entry.sites else None
+        if entry.sites:
+            users += "; AFD's code uses it at " + ", ".join(site.at for site in entry.sites[:3])
         if moved is not None:
             kind, where = moved
             yield Finding(
@@ -177,6 +201,7 @@ def _one_symbol(
                 severity,
                 key,
                 f"now {where} (used by {users}); update the overlay or runtime",
+                ours=ours,
                 upstream=before,
                 old=key,
                 new=where,
@@ -187,10 +212,31 @@ def _one_symbol(
                 severity,
                 key,
                 f"is gone in {new.version} (used by {users})",
+                ours=ours,
                 upstream=before,
                 old=key,
             )
         return
+    if recorded.kind is current.kind is SymbolKind.INSTANCE_ATTRIBUTE:
+        owner, _, name = ref.qualname.rpartition(".")
+        setter = new.index.instance_attribute(SymbolRef(ref.module, owner), name)
+        if setter is not None and setter.ref != ref:
+            # what AFD reads is now set only by another class's method (a base's __init__ that
+            # initializes it to None, say): the value it reads may be another
+            yield Finding(
+                Kind.DRIFT_REMOVED,
+                Severity.REVIEW,
+                key,
+                f"no method that runs on {owner} sets it in {new.version}; only "
+                f"{setter.ref.qualname.rpartition('.')[0]} does, at {setter.module.path}:"
+                f"{setter.line} (used by {users}): check the value AFD reads",
+                ours=site_location(entry.sites[0]) if entry.sites else None,
+                upstream=before,
+                target=Location(str(setter.module.path), setter.line),
+                old=key,
+                new=str(setter.ref),
+            )
+            return
     if current.kind is not recorded.kind:
         severity = _severity_for_loss(uses)
         yield Finding(
@@ -205,11 +251,14 @@ def _one_symbol(
         )
         return
     handled = members is not None and _declared_for(entry.used_by, new, ref, members)
-    yield from _signature_changes(ref, uses, users, old, new, before, after, handled)
+    elsewhere = members.elsewhere if members is not None else frozenset()
+    yield from _signature_changes(ref, entry, users, old, new, before, after, handled, elsewhere)
     if recorded.kind is SymbolKind.CLASS and recorded.bases != current.bases:
         yield Finding(
             Kind.DRIFT_BASES,
-            Severity.REVIEW if uses - {SymbolUse.BASE_ANCESTOR} else Severity.INFO,
+            # only what AFD derives from feels the MRO; the members AFD calls or reads on another
+            # class are symbols of their own
+            Severity.REVIEW if SymbolUse.BASE in uses else Severity.INFO,
             key,
             "changed its bases",
             upstream=before,
@@ -237,7 +286,9 @@ def _one_symbol(
         and same_behaviour(old_node, new_node)
     ):
         message = "only formatting, comments, docstrings or bare annotations changed"
-        yield Finding(kind, Severity.INFO, key, f"{message} (used by {users})", before, after)
+        yield Finding(
+            kind, Severity.INFO, key, f"{message} (used by {users})", upstream=before, target=after
+        )
         return
     calling = SymbolUse.OVERRIDE_CALLING_SUPER in uses
     not_calling = SymbolUse.OVERRIDE_NOT_CALLING_SUPER in uses
@@ -283,20 +334,46 @@ def is_callee(uses: Uses) -> bool:
 
 def _signature_changes(
     ref: SymbolRef,
-    uses: Uses,
+    entry: SymbolEntry,
     users: str,
     old: Side,
     new: Side,
     before: Location | None,
     after: Location | None,
     handled: bool = False,
+    elsewhere: frozenset[str] = frozenset(),
 ) -> Iterator[Finding]:
+    """``elsewhere``: overlay members the new release does not get (their calls do not count)."""
     old_sig, new_sig = old.signature(ref), new.signature(ref)
     if old_sig is None or new_sig is None:
         return
     changed = differences(old_sig, new_sig)
     if not changed:
         return
+    uses = entry.uses
+    recorded = calls(entry, elsewhere)
+    # AFD only calls it. The calls the lock holds decide (a broken one is DRF023): those of
+    # hand-written code and of forks into another package. A fork's calls into its own package
+    # come with the new body at regeneration, so with no call recorded the change is info too.
+    by_calls = uses <= _JUDGED_BY_SITES and (
+        bool(recorded)
+        or (
+            uses <= {SymbolUse.IMPORTED_BY_GENERATED, SymbolUse.INHERITED}
+            and all(
+                _generated_package(user) == ref.module.split(".", 1)[0] for user in entry.used_by
+            )
+        )
+    )
+    calls_note = ""
+    if by_calls and recorded:
+        broken = len(broken_sites(entry, ref, old, new, elsewhere))
+        calls_note = (
+            f"; {broken} of AFD's {len(recorded)} call site(s) no longer bind (DRF023)"
+            if broken
+            else f"; all {len(recorded)} of AFD's call sites still bind"
+        )
+    elif by_calls:
+        calls_note = "; only forks of its own package call it: regeneration takes their new calls"
     callee = is_callee(uses)
     reordered = any(diff.kind is DifferenceKind.PARAM_ORDER for diff in changed)
     for diff in changed:
@@ -309,7 +386,12 @@ def _signature_changes(
             and _binds_old_calls(old_sig, new_sig, diff.param)
         ):
             severity = Severity.INFO
-        declared = ""
+        declared = calls_note
+        if by_calls and diff.kind is not DifferenceKind.RETURN_ANNOTATION:
+            severity = Severity.INFO  # what it returns is not how it binds: that stays as it was
+        if diff.kind is DifferenceKind.PARAM_ANNOTATION and not uses & _BREAKING_CHANGE:
+            severity = Severity.INFO
+            declared += "; a parameter's annotation does not change how a call binds"
         if handled:
             severity = Severity.INFO
             declared = (
@@ -350,6 +432,13 @@ def _declared_for(
         )
         for user in used_by
     )
+
+
+def _generated_package(user: str) -> str:
+    """The upstream package whose code a lock user (``afd_models._generated.<package>...``)
+    was generated from; "" for a runtime file."""
+    prefix = "afd_models._generated."
+    return user.removeprefix(prefix).split(".", 1)[0] if user.startswith(prefix) else ""
 
 
 def _binds_old_calls(old: Signature, new: Signature, added: str | None) -> bool:

@@ -76,7 +76,7 @@ def test_overrides_are_recorded_by_whether_they_call_super(tmp_path: Path) -> No
 def test_another_format_is_refused_naming_the_fix() -> None:
     data = _committed()
     data["format"] = LOCK_FORMAT - 1
-    with pytest.raises(LockFormatError, match=r"format 2; .*`nox -s regenerate`"):
+    with pytest.raises(LockFormatError, match=rf"format {LOCK_FORMAT - 1}; .*`nox -s regenerate`"):
         parse_lock(data, "overlay/overlay.lock")
 
 
@@ -96,6 +96,12 @@ def test_another_format_is_refused_naming_the_fix() -> None:
         (
             lambda d: next(iter(d["classes"].values())).update(members=[]),
             ".members: expected an object",
+        ),
+        (
+            lambda d: next(v for v in d["symbols"].values() if "sites" in v)["sites"][0].update(
+                how="calls"
+            ),
+            ".sites[0].how: 'calls' is not one of call, construct, read",
         ),
     ],
 )
@@ -121,6 +127,7 @@ def test_check_reports_a_lock_of_another_format(
     upstream = ["--upstream-root", str(context.sources["vllm"].root)]
     assert main(["--repo", str(context.repo_root), "check", "--no-runtime", *upstream]) == 2
     out = capsys.readouterr().out
-    assert "LCK002" in out and "has format 2" in out and "nox -s regenerate" in out
+    assert "LCK002" in out and f"has format {LOCK_FORMAT - 1}" in out
+    assert "nox -s regenerate" in out
     assert main(["--repo", str(context.repo_root), "regenerate", *upstream]) == 0
     assert read_lock(path) is not None

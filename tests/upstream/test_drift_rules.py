@@ -216,7 +216,8 @@ def test_removal_without_successor_still_blocks(upstream_copy: Path, tmp_path: P
 
 def test_class_member_a_fork_calls_is_recorded(upstream_copy: Path, tmp_path: Path) -> None:
     """The forked MoE ``__init__`` calls ``rocm_aiter_ops.is_fused_moe_enabled()``: a new required
-    parameter there is reported, and its removal blocks."""
+    parameter there is reported, as info, since the fork's call is vLLM's own and comes with the
+    new body; its removal blocks."""
     method = "    def is_fused_moe_enabled(cls) -> bool:\n"
     called = "vllm._aiter_ops:rocm_aiter_ops.is_fused_moe_enabled"
     changed = drift(
@@ -228,7 +229,9 @@ def test_class_member_a_fork_calls_is_recorded(upstream_copy: Path, tmp_path: Pa
             )
         },
     )
-    assert ("DRF022", "review", called) in alarms(changed)
+    [added] = [f for f in changed if f.code == "DRF022" and f.symbol == called]
+    assert added.severity.value == "info" and "regeneration takes their new calls" in added.message
+    assert not {a for a in alarms(changed) if a[2] == called}
     removed = drift(
         upstream_copy,
         tmp_path / "removed",
@@ -251,27 +254,38 @@ INIT_WORKSPACE = "vllm.v1.worker.workspace:init_workspace_manager"
 def test_a_callee_parameter_old_calls_still_bind_is_info(
     upstream_copy: Path, tmp_path: Path
 ) -> None:
-    """vLLM 0.28's new trailing ``num_lanes: int = 1``: info. The same parameter before
-    ``num_ubatches`` would take the fork's second positional argument, and one without a default
-    would fail every old call: both stay review."""
+    """vLLM 0.28's new trailing ``num_lanes: int = 1``: info, since the NPU worker's fork (from
+    vLLM-Ascend, which stays at its pin) still binds. The same parameter before ``num_ubatches``
+    would take the fork's second positional argument, and one without a default would fail the
+    call: both block at the fork (DRF023), the signature change itself stays info."""
 
-    def callee(params: str, where: str) -> Finding:
+    def callee(params: str, where: str) -> list[Finding]:
         changes = {WORKSPACE: once(WORKSPACE_PARAMS, params)}
-        return by_code(drift(upstream_copy, tmp_path / where, changes), "DRF022")[INIT_WORKSPACE]
+        return [
+            f for f in drift(upstream_copy, tmp_path / where, changes) if f.symbol == INIT_WORKSPACE
+        ]
+
+    def codes(findings: list[Finding]) -> set[tuple[str, str]]:
+        return {(f.code, f.severity.value) for f in findings}
 
     appended = callee(
         "    device: torch.device, num_ubatches: int | None = None, num_lanes: int = 1\n", "end"
     )
-    assert appended.severity.value == "info"
-    assert "param added 'num_lanes'" in appended.message
+    assert codes(appended) == {("DRF022", "info")}
+    assert "param added 'num_lanes'" in appended[0].message and "still bind" in appended[0].message
     inserted = callee(
         "    device: torch.device, num_lanes: int = 1, num_ubatches: int | None = None\n", "mid"
     )
-    assert inserted.severity.value == "review"
+    assert codes(inserted) == {("DRF022", "info"), ("DRF023", "block")}
+    shifted = [f for f in inserted if f.code == "DRF023"]  # one per fork of init_device
+    assert all("as 'num_lanes', not 'num_ubatches'" in f.message for f in shifted)
+    assert {str(f.ours).rsplit(":", 1)[0] for f in shifted} == {
+        "overlay/vllm_ascend/worker/worker.py"
+    }
     required = callee(
         "    device: torch.device, num_ubatches: int | None = None, *, num_lanes: int\n", "req"
     )
-    assert required.severity.value == "review"
+    assert codes(required) == {("DRF022", "info"), ("DRF023", "block")}
 
 
 # --- a signature change the overlay already declares for the new release is info; another blocks --
@@ -325,8 +339,9 @@ def test_what_a_release_limited_member_or_an_inheriting_class_uses_is_info_there
     """vLLM 0.32 (as 0.30) has no ``_create_sm_control_context``, which only the wrapper's
     override limited to ``vllm<0.30`` uses; and gives ``use_cascade_attn`` a default, which the
     Attention runners' override declares for 0.32 while the FFN runners only inherit the method.
-    Both are info there (the breaks next to them: the test below)."""
-    findings = run_drift(REPO, "0.32.0").findings
+    Both are info there (the breaks next to them: the test below). From the primary, which has
+    the method: the default base, 0.30.0, has it no longer."""
+    findings = run_drift(REPO, "0.32.0", from_version="0.26.0").findings
     removed = by_code(findings, "DRF001")[SM_CONTROL]
     assert removed.severity.value == "info"
     assert "each is limited by its when= to other releases" in removed.message
@@ -360,19 +375,28 @@ RUNNER_CHOICE = "vllm.config.vllm:VllmConfig.use_v2_model_runner"
 WORKERS = ("AFDAttentionCPUWorker", "AFDAttentionWorker")
 
 
-def test_vllm_choosing_model_runner_v2_by_default_blocks() -> None:
+def test_vllm_choosing_model_runner_v2_by_default_blocks_until_the_overlay_absorbs_it(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
     """vLLM 0.29 made Model Runner V2 the default for every model on CUDA, AFD's architectures
-    included (AFD's workers run V1 runners): a body change drift reported as info before the
-    runner choice had contracts. Drift to 0.30 now blocks on exactly that contract, naming both
-    Attention workers; the choice's other contracts hold there."""
-    findings = run_drift(REPO, "0.30.0").findings
+    included. On a release the contract covers (the pinned one, mutated the same way), the change
+    blocks, naming both Attention workers. On 0.30, which the overlay serves with its V2 runner
+    and where the contract's ``when="vllm<0.29"`` says it stops holding, the real change is info,
+    from the nearest base and from the primary alike; the choice's other contracts hold there."""
+    check = "        if not self._is_default_v2_model_runner_model():\n            return False\n"
     contract = f"{RUNNER_CHOICE}#v1-by-default-for-afd"
-    assert {f.symbol for f in findings if f.code == "DRF070"} == {contract}
-    broken = by_code(findings, "DRF070")[contract]
-    assert broken.severity.value == "block" and "vllm#53183" in broken.message
-    assert all(worker in broken.message for worker in WORKERS)
-    changed = by_code(findings, "DRF021")[RUNNER_CHOICE]
-    assert changed.severity.value == "info" and "no-triton-keeps-v1" in changed.message
+    mutated = drift(upstream_copy, tmp_path, {CONFIG: once(check, "")})
+    assert alarms(mutated) == {("DRF070", "block", contract)}
+    broken = by_code(mutated, "DRF070")[contract]
+    assert "vllm#53183" in broken.message and all(w in broken.message for w in WORKERS)
+    for base in (None, "0.26.0"):
+        findings = run_drift(REPO, "0.30.0", from_version=base).findings
+        assert {f.symbol for f in findings if f.code == "DRF070"} == {contract}
+        absorbed = by_code(findings, "DRF070")[contract]
+        assert absorbed.severity.value == "info"
+        assert "its when= limits it to other releases" in absorbed.message
+        changed = by_code(findings, "DRF021")[RUNNER_CHOICE]
+        assert changed.severity.value == "info" and "no-triton-keeps-v1" in changed.message
 
 
 def test_the_cpu_platform_moving_onto_model_runner_v2_blocks(
@@ -392,3 +416,28 @@ def test_the_cpu_platform_moving_onto_model_runner_v2_blocks(
     contract = f"{RUNNER_CHOICE}#no-triton-keeps-v1"
     assert alarms(dropped) == {("DRF070", "block", contract)}
     assert "CPU platform" in by_code(dropped, "DRF070")[contract].message
+
+
+# --- bases: only a class AFD derives from feels its MRO -------------------------------------------
+
+
+def test_new_bases_of_a_class_afd_only_constructs_are_info(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    """The runtime constructs ``LLM`` (verify): a mixin dropped from its bases is info; the same
+    change to a class AFD derives from (``DeepseekV2MoE``) is a review."""
+    llm = "class LLM(BeamSearchOfflineMixin, PoolingOfflineMixin, OfflineInferenceMixin):\n"
+    moe = "class DeepseekV2MoE(nn.Module):\n"
+    findings = drift(
+        upstream_copy,
+        tmp_path,
+        {
+            "vllm/entrypoints/llm.py": once(
+                llm, "class LLM(PoolingOfflineMixin, OfflineInferenceMixin):\n"
+            ),
+            DEEPSEEK: once(moe, "class DeepseekV2MoE(nn.Module, object):\n"),
+        },
+    )
+    bases = {f.symbol: f.severity.value for f in findings if f.code == "DRF041"}
+    assert bases["vllm.entrypoints.llm:LLM"] == "info"
+    assert bases["vllm.model_executor.models.deepseek_v2:DeepseekV2MoE"] == "review"

@@ -99,8 +99,29 @@ RUNNER_CHOICE = {
     )
 }
 
+#: The KV block size vLLM's CPU platform picks for AFD's CPU configurations: 128, from the config
+#: alone, before any model exists. The AFD Attention worker builds its model in its own copy of
+#: the config (afd_models/worker_config.py), so a rule that reads the model's attention layers
+#: from the engine's config would find none and keep a size the CPU attention backend refuses.
+CPU_BLOCK_SIZE = {
+    "vllm.platforms.cpu:CpuPlatform.check_and_update_config": (
+        contract(
+            "cache_config.block_size = 128",
+            id="cpu-block-size-from-config",
+            if_broken="the CPU platform no longer sets the KV block size from the config; if "
+            "it now follows the attention layers, it would not find those the AFD Attention "
+            "worker builds in its own config copy, and keep a block size vLLM's CPU attention "
+            "refuses",
+        ),
+    )
+}
 
-@subclass(bases=WORKER_BASES, name="AFDAttention{base}", relies_on=RUNNER_CHOICE)
+
+@subclass(
+    bases=WORKER_BASES,
+    name="AFDAttention{base}",
+    relies_on={**RUNNER_CHOICE, **CPU_BLOCK_SIZE},
+)
 class AFDAttentionCPUWorker(CPUWorker):
     """The Attention role: vLLM's worker serving requests with the AFD Attention model."""
 
