@@ -28,12 +28,14 @@ from afd_models.connectors.base import (
     AFDConnectionError,
     AFDPeerGoneError,
     FFNConnector,
+    LayerInput,
     StepHeader,
     peer_counts,
 )
 from afd_models.dbo import receives_before_send, split_step_units
 from afd_models.graphs import FFNGraphKey, FFNGraphs, GraphCounters, replays_graphs
 from afd_models.log import get_logger
+from afd_models.models.ffn import token_id_layers
 from afd_models.topology import Group, TopologyError, ffn_token_counts
 
 logger = get_logger(__name__)
@@ -53,6 +55,18 @@ class FFNModel(Protocol):
     ) -> torch.Tensor: ...
 
 
+def ffn_output(model: FFNModel, layer_idx: int, received: LayerInput) -> torch.Tensor:
+    """``model``'s FFN output of ``layer_idx`` for what the FFN side received. Token ids come
+    only for a layer whose routing needs them, and only then are they handed on, so a model
+    without such layers keeps the three-argument ``compute_ffn_output``."""
+    if received.token_ids is None:
+        return model.compute_ffn_output(layer_idx, received.hidden_states, received.router_logits)
+    compute: Callable[..., torch.Tensor] = model.compute_ffn_output
+    return compute(
+        layer_idx, received.hidden_states, received.router_logits, token_ids=received.token_ids
+    )
+
+
 def check_headers(
     headers: Sequence[StepHeader],
     group: Group,
@@ -61,19 +75,28 @@ def check_headers(
     num_ffn_ranks: int,
     hidden_size: int,
     dtype: torch.dtype,
+    token_ids: bool = False,
 ) -> int:
     """Tokens this FFN rank computes on in a step: its peers' counts (``headers``, one per peer in
-    group order) summed by :func:`afd_models.topology.ffn_token_counts`.
+    group order) summed by :func:`afd_models.topology.ffn_token_counts`. ``token_ids``: whether
+    this model has token-id layers, whose sends carry token ids.
 
     Raises:
-        AFDConnectionError: a peer sends a shape or dtype this model cannot take, or the headers
-            are not one per peer of ``group``.
+        AFDConnectionError: a peer sends a shape or dtype this model cannot take, says token ids
+            come where this model expects none or the reverse (the layers' parts would not
+            pair), or the headers are not one per peer of ``group``.
     """
     for header in headers:
         if header.hidden_size != hidden_size or header.dtype != dtype:
             raise AFDConnectionError(
                 f"an Attention peer sends hidden size {header.hidden_size} {header.dtype}, "
                 f"this FFN model takes {hidden_size} {dtype}: are both roles serving the same checkpoint and --dtype?"
+            )
+        if header.token_ids != token_ids:
+            raise AFDConnectionError(
+                f"an Attention peer's step header says token ids "
+                f"{'come' if header.token_ids else 'do not come'}, but this FFN model has "
+                f"{'' if token_ids else 'no '}token-id layers"
             )
     if len(headers) != len(group.attention_ranks):
         raise AFDConnectionError(
@@ -112,10 +135,9 @@ def serve_step(
         for layer_idx in layers:
 
             def layer(layer_idx: int = layer_idx) -> int:
-                hidden_states, router_logits = connector.recv(layer_idx)
-                output = model.compute_ffn_output(layer_idx, hidden_states, router_logits)
-                connector.send(layer_idx, output)
-                return int(hidden_states.shape[0])
+                received = connector.recv(layer_idx)
+                connector.send(layer_idx, ffn_output(model, layer_idx, received))
+                return int(received.hidden_states.shape[0])
 
             if graphs is not None and from_graphs:
                 # a graph moves what its key fixes: the peers' announced tokens
@@ -144,10 +166,10 @@ def serve_split_step(
         for index, unit in enumerate(units):
             for wait in waits:
                 wait()
-            hidden_states, router_logits = connector.received(unit.layer, unit.ubatch)
-            tokens = int(hidden_states.shape[0])
+            received = connector.received(unit.layer, unit.ubatch)
+            tokens = int(received.hidden_states.shape[0])
             with forward_context(vllm_config, tokens):
-                output = model.compute_ffn_output(unit.layer, hidden_states, router_logits)
+                output = ffn_output(model, unit.layer, received)
             rows[unit.layer] += tokens
             if index + 1 == len(units):
                 connector.send(unit.layer, output, unit.ubatch)
@@ -211,6 +233,8 @@ class FFNServer:
         self.vllm_config = vllm_config
         self.connector = connector
         self.layers = list(model.ffn_layer_indices())
+        #: whether the model's token-id layers' sends carry token ids
+        self.token_ids = bool(token_id_layers(model))
         self.hidden_size = hidden_size
         self.dtype = dtype
         afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
@@ -303,6 +327,7 @@ class FFNServer:
                 num_ffn_ranks=self.num_ffn_ranks,
                 hidden_size=self.hidden_size,
                 dtype=self.dtype,
+                token_ids=self.token_ids,
             )
             rows, from_graphs = serve_step(
                 self.model,

@@ -1,8 +1,9 @@
 """The AFD exchange as a torch custom op: all that vLLM's compiler sees of the connector.
 
-``torch.ops.afd.exchange(hidden_states, router_logits, layer_name)`` sends one layer's activations
-(and its router logits when the gate runs on Attention, else ``None``) to the FFN role and returns
-the FFN output, shaped and typed like ``hidden_states``.
+``torch.ops.afd.exchange(hidden_states, router_logits, token_ids, layer_name)`` sends one layer's
+activations (its router logits when the gate runs on Attention, its tokens' ids when its routing
+needs them; else ``None``) to the FFN role and returns the FFN output, shaped and typed like
+``hidden_states``.
 
 To Dynamo and Inductor the op is opaque: its fake implementation gives the output from the inputs'
 shapes alone, so ``fullgraph=True`` tracing never enters the connector (sockets, timers, numpy),
@@ -43,7 +44,10 @@ class Exchanger(Protocol):
     """What the op calls: a remote proxy with its connector bound."""
 
     def exchange(
-        self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
     ) -> torch.Tensor: ...
 
 
@@ -59,14 +63,20 @@ def find_exchanger(layers: Mapping[str, object], layer_name: str) -> Exchanger:
 
 
 def _exchange(
-    hidden_states: torch.Tensor, router_logits: torch.Tensor | None, layer_name: str
+    hidden_states: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    token_ids: torch.Tensor | None,
+    layer_name: str,
 ) -> torch.Tensor:
     proxy = find_exchanger(get_forward_context().no_compile_layers, layer_name)
-    return proxy.exchange(hidden_states, router_logits)
+    return proxy.exchange(hidden_states, router_logits, token_ids)
 
 
 def _exchange_fake(
-    hidden_states: torch.Tensor, router_logits: torch.Tensor | None, layer_name: str
+    hidden_states: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    token_ids: torch.Tensor | None,
+    layer_name: str,
 ) -> torch.Tensor:
     return torch.empty_like(hidden_states)
 
@@ -79,7 +89,10 @@ direct_register_custom_op(
 
 
 def exchange(
-    hidden_states: torch.Tensor, router_logits: torch.Tensor | None, layer_name: str
+    hidden_states: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    token_ids: torch.Tensor | None,
+    layer_name: str,
 ) -> torch.Tensor:
     """Send ``layer_name``'s activations to the FFN role and return its output (the op's entry point)."""
-    return torch.ops.afd.exchange(hidden_states, router_logits, layer_name)
+    return torch.ops.afd.exchange(hidden_states, router_logits, token_ids, layer_name)

@@ -37,6 +37,7 @@ from afd_models.graphs import (
     GraphCounters,
 )
 from afd_models.log import exit_process, get_logger
+from afd_models.models.ffn import token_id_layers
 from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
 
@@ -113,7 +114,8 @@ def load_attention(
     connect = prepare_attention(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
     load()
     connector = connect(runner.get_model())
-    connector.set_layers(bind_connector(runner.get_model(), connector))
+    model = runner.get_model()
+    connector.set_layers(bind_connector(model, connector), token_id_layers(model))
     # vLLM's device runners budget the weights they measured while loading; an in-process FFN
     # half was built before, so it counts here, or the KV cache would take its memory
     if hasattr(runner, "model_memory_usage"):

@@ -193,8 +193,7 @@ def _connector(rank: int, port: int, plan: _Plan) -> Timing | None:
                 if ffn.wait_step(stop) is None:
                     raise BenchmarkError("connector: the FFN side stopped before the last step")
                 for layer in range(plan.layers):
-                    received, _ = ffn.recv(layer)
-                    ffn.send(layer, received)
+                    ffn.send(layer, ffn.recv(layer).hidden_states)
         finally:
             ffn.close()
         return None

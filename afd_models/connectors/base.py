@@ -2,12 +2,17 @@
 
 Attention side (what the remote proxies call, in forward order, once per remote layer)::
 
-    connector.send(layer_idx, hidden_states, router_logits_or_None, ubatch)
+    connector.send(layer_idx, hidden_states, router_logits_or_None, ubatch, token_ids=ids_or_None)
     output = connector.recv(layer_idx, like=hidden_states, ubatch=ubatch)
 
+Token ids travel only with the layers whose routing needs them (DeepSeek-V4's hash-routed MoE
+layers look their experts up by token id): the model declares those layers
+(:meth:`AFDConnector.set_layers`, the fingerprint's ``token_id_layers``), the step header says
+that the step's sends carry them, and any other layer sends none.
+
 A forward step starts when the first remote layer is sent; the connector then announces the
-step to the FFN side (a :class:`StepHeader`: token count, hidden size, dtype, router-logit width),
-so the FFN side can size its buffers. With vLLM's DBO a step runs as two micro-batches
+step to the FFN side (a :class:`StepHeader`: token count, hidden size, dtype, router-logit width,
+whether token ids come), so the FFN side can size its buffers. With vLLM's DBO a step runs as two micro-batches
 (``ubatch`` 0 and 1, each in a thread of its own that yields between its send and its receive);
 the runner says so first (:meth:`AFDConnector.split_next_step`), the header carries the split,
 and the FFN side serves the micro-batches' layers in the order they reach it
@@ -19,8 +24,8 @@ step unit by unit, see :mod:`afd_models.dbo`)::
 
     header = ffn.wait_step(stop_event)            # None once stop_event is set
     for layer_idx in layers:
-        hidden, logits = ffn.recv(layer_idx)      # concatenated over the Attention peers
-        ffn.send(layer_idx, compute(layer_idx, hidden, logits))
+        received = ffn.recv(layer_idx)            # a LayerInput, concatenated over the peers
+        ffn.send(layer_idx, compute(layer_idx, received))
 
 Every wait is bounded: a peer that stops answering raises :class:`AFDConnectionError` within
 the configured timeout, never a hang.
@@ -89,10 +94,13 @@ class StepHeader:
     graph: bool = False
     #: tokens of the first of the step's two micro-batches (DBO); 0 when the step is not split
     ubatch_tokens: int = 0
+    #: the sends of the model's token-id layers carry the tokens' ids (int32, one per row);
+    #: False for a model without such layers, whose sends never carry any
+    token_ids: bool = False
 
     MAGIC = 0xAFD0
     #: int64 values on the wire
-    SIZE = 9
+    SIZE = 10
 
     @property
     def ubatches(self) -> tuple[int, ...]:
@@ -113,13 +121,14 @@ class StepHeader:
                 DTYPES.index(self.logits_dtype),
                 int(self.graph),
                 self.ubatch_tokens,
+                int(self.token_ids),
             ],
             dtype=torch.int64,
         )
 
     @classmethod
     def decode(cls, values: torch.Tensor) -> StepHeader:
-        magic, step, tokens, hidden, dtype_code, width, logits_code, graph, first = (
+        magic, step, tokens, hidden, dtype_code, width, logits_code, graph, first, ids = (
             int(v) for v in values.tolist()
         )
         if (
@@ -127,12 +136,21 @@ class StepHeader:
             or not all(0 <= c < len(DTYPES) for c in (dtype_code, logits_code))
             or graph not in (0, 1)
             or not (first == 0 or 0 < first < tokens)
+            or ids not in (0, 1)
         ):
             raise AFDConnectionError(
                 f"received a malformed step header {values.tolist()} (is the peer an AFD connector?)"
             )
         return cls(
-            step, tokens, hidden, DTYPES[dtype_code], width, DTYPES[logits_code], bool(graph), first
+            step,
+            tokens,
+            hidden,
+            DTYPES[dtype_code],
+            width,
+            DTYPES[logits_code],
+            bool(graph),
+            first,
+            bool(ids),
         )
 
     @staticmethod
@@ -170,10 +188,12 @@ class Fingerprint:
     version: str
     #: the sender's connector (its data plane: both sides must run the same one)
     connector: str
+    #: the remote layers whose sends carry token ids (their routing looks experts up by token)
+    token_id_layers: tuple[int, ...] = ()
 
-    #: format tag: a peer without it, or with another value, is not a peer of this format (4:
-    #: the connector named, step headers of 9 values)
-    FORMAT = "afd-fingerprint/4"
+    #: format tag: a peer without it, or with another value, is not a peer of this format (5:
+    #: the token-id layers named, step headers of 10 values)
+    FORMAT = "afd-fingerprint/5"
     LENGTH = struct.Struct("!I")
     #: the most bytes a fingerprint may announce (a real one is well under 4 KiB)
     MAX_BYTES = 1 << 20
@@ -227,7 +247,24 @@ class Fingerprint:
             raise _malformed("; ".join(problems), values)
         values.pop("format")
         values["layers"] = tuple(values["layers"])
+        values["token_id_layers"] = tuple(values["token_id_layers"])
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class LayerInput:
+    """What the FFN side received for one layer (of one micro-batch), every peer's rows
+    concatenated in peer order."""
+
+    hidden_states: torch.Tensor
+    #: None when the gate runs on the FFN role
+    router_logits: torch.Tensor | None = None
+    #: the tokens' ids (int32), for a layer whose routing needs them; None for any other
+    token_ids: torch.Tensor | None = None
+
+
+#: the dtype of token ids on the wire (vocabularies are far below 2**31)
+TOKEN_ID_DTYPE = torch.int32
 
 
 def peers_with(headers: Sequence[StepHeader], ubatch: int) -> tuple[int, ...]:
@@ -257,6 +294,10 @@ _FIELD_TYPES = {
     "model": ("a string", lambda v: isinstance(v, str)),
     "version": ("a string", lambda v: isinstance(v, str)),
     "connector": ("a string", lambda v: isinstance(v, str)),
+    "token_id_layers": (
+        "a list of integers",
+        lambda v: isinstance(v, list) and all(map(_is_int, v)),
+    ),
 }
 
 
@@ -337,6 +378,8 @@ class AFDConnector(ABC):
 
     def __init__(self) -> None:
         self.layers: tuple[int, ...] = ()
+        #: the remote layers whose sends carry token ids
+        self.token_id_layers: frozenset[int] = frozenset()
         self.stats = ExchangeStats()
         #: the Prometheus series of the connection, once a peer is connected (none in process)
         self.metrics: PeerMetrics | None = None
@@ -358,11 +401,16 @@ class AFDConnector(ABC):
         self.ubatches: tuple[int, ...] = ()
         self._step = -1
 
-    def set_layers(self, layers: list[int]) -> None:
-        """The remote layers, in forward order (from :func:`afd_models.models.remote.bind_connector`)."""
+    def set_layers(self, layers: Sequence[int], token_id_layers: Sequence[int] = ()) -> None:
+        """The remote layers, in forward order, and those of them whose routing needs the tokens'
+        ids (from :func:`afd_models.models.remote.bind_connector`)."""
         if not layers:
             raise ValueError("the model has no remote layers: is it an AFD Attention model?")
+        stray = sorted(set(token_id_layers) - set(layers))
+        if stray:
+            raise ValueError(f"token-id layers {stray} are not remote layers {list(layers)}")
         self.layers = tuple(layers)
+        self.token_id_layers = frozenset(token_id_layers)
 
     def split_next_step(self, ubatch_tokens: Sequence[int]) -> None:
         """The next forward runs as two micro-batches of these token counts, in order (vLLM's
@@ -385,14 +433,19 @@ class AFDConnector(ABC):
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         ubatch: int = 0,
+        *,
+        token_ids: torch.Tensor | None = None,
     ) -> None:
-        """Send one layer's activations of micro-batch ``ubatch``; the first remote layer of a
-        forward (of its first micro-batch) opens a new step."""
+        """Send one layer's activations of micro-batch ``ubatch`` (with its tokens' ids for a
+        token-id layer, and for no other); the first remote layer of a forward (of its first
+        micro-batch) opens a new step."""
         if not self.layers:
             raise AFDConnectionError(
                 "send before set_layers: bind the connector to the model first"
             )
         rows = hidden_states.shape[0]
+        # before the step opens: a refused send leaves a planned split in place
+        token_ids = self._checked_token_ids(layer_idx, rows, token_ids)
         opens = layer_idx == self.layers[0] and ubatch == 0
         if opens:
             plan, self._plan = self._plan, None
@@ -429,6 +482,7 @@ class AFDConnector(ABC):
                 width,
                 logits_dtype,
                 ubatch_tokens=self.ubatches[0] if self.is_split else 0,
+                token_ids=bool(self.token_id_layers),
             )
             if self.is_capturing:
                 captured = dataclasses.replace(header, graph=True)
@@ -440,8 +494,30 @@ class AFDConnector(ABC):
         if not self.is_capturing:
             self.stats.started((ubatch, layer_idx), hidden_states.nbytes)
             if self.metrics is not None:
-                self.metrics.sent(tensor_bytes(hidden_states, router_logits))
-        self._send_layer(layer_idx, hidden_states, router_logits, ubatch)
+                self.metrics.sent(tensor_bytes(hidden_states, router_logits, token_ids))
+        self._send_layer(layer_idx, hidden_states, router_logits, ubatch, token_ids)
+
+    def _checked_token_ids(
+        self, layer_idx: int, rows: int, token_ids: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """``token_ids`` as they go on the wire (int32), given exactly for the token-id layers."""
+        needed = layer_idx in self.token_id_layers
+        if token_ids is None:
+            if needed:
+                raise AFDConnectionError(
+                    f"layer {layer_idx} routes by token id, but was sent without token ids"
+                )
+            return None
+        if not needed:
+            raise AFDConnectionError(
+                f"layer {layer_idx} was sent token ids, but only layers "
+                f"{sorted(self.token_id_layers) or 'none'} of this model route by token id"
+            )
+        if tuple(token_ids.shape) != (rows,):
+            raise AFDConnectionError(
+                f"layer {layer_idx}: token ids of shape {tuple(token_ids.shape)} for {rows} tokens"
+            )
+        return token_ids.to(TOKEN_ID_DTYPE)
 
     def recv(self, layer_idx: int, like: torch.Tensor, ubatch: int = 0) -> torch.Tensor:
         """The FFN output of ``layer_idx`` for micro-batch ``ubatch``, shaped and typed like
@@ -508,6 +584,7 @@ class AFDConnector(ABC):
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         ubatch: int,
+        token_ids: torch.Tensor | None,
     ) -> None: ...
 
     @abstractmethod
@@ -539,11 +616,11 @@ class FFNConnector(ABC):
         in peer order); the returned callable waits for them."""
 
     @abstractmethod
-    def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def received(self, layer_idx: int, ubatch: int) -> LayerInput:
         """What the receives of ``layer_idx``'s micro-batch ``ubatch`` brought: hidden states
-        (and router logits), every peer's rows concatenated in peer order."""
+        (router logits, token ids), every peer's rows concatenated in peer order."""
 
-    def recv(self, layer_idx: int, ubatch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def recv(self, layer_idx: int, ubatch: int = 0) -> LayerInput:
         """Receive ``layer_idx``'s micro-batch ``ubatch`` from every peer that has it."""
         self.start_recv(layer_idx, ubatch, peers_with(self.headers, ubatch))()
         return self.received(layer_idx, ubatch)

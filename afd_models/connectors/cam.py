@@ -54,7 +54,7 @@ from afd_models.connectors.cam_ops import (
 )
 from afd_models.connectors.p2p.attention import P2PAttentionConnector
 from afd_models.connectors.p2p.ffn import P2PFFNConnector
-from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
+from afd_models.connectors.p2p.plane import DataPlane, Part, Transfer, Wait, tag_part
 from afd_models.connectors.specs import CAMAsyncExtraConfig, CAMP2PExtraConfig
 from afd_models.log import exit_process
 from afd_models.topology import Group
@@ -113,9 +113,10 @@ class CamP2PDataPlane(DataPlane):
 
     def _check(self, transfer: Transfer, what: str) -> None:
         tensor = transfer.tensor
+        part = tag_part(transfer.tag)
         problem = (
-            "router logits (the CAM kernels carry hidden states only)"
-            if transfer.tag % 2
+            f"{part.name.lower().replace('_', ' ')} (the CAM kernels carry hidden states only)"
+            if part is not Part.HIDDEN
             else f"a tensor on {tensor.device}, this connector moves tensors on {self.device}"
             if tensor.device != self.device
             else f"a {tensor.dtype} tensor, the CAM kernels move {CAM_DTYPE} only"
@@ -331,7 +332,13 @@ class CAMAsyncAFDConnector(AFDConnector):
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         ubatch: int,
+        token_ids: torch.Tensor | None,
     ) -> None:
+        if token_ids is not None:
+            raise AFDConnectionError(
+                f"CAMAsyncAFDConnector: layer {layer_idx} came with token ids; the CAM dispatch "
+                "carries none (a model routing by token id needs another connector)"
+            )
         if router_logits is None:
             raise AFDConnectionError(
                 f"CAMAsyncAFDConnector: layer {layer_idx} came without router logits; the CAM "

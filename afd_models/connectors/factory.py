@@ -23,6 +23,7 @@ from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_confi
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
 from afd_models.connectors.build import InProcessAttention, PrepareAttention, PrepareFFN, Site
 from afd_models.connectors.specs import CONNECTORS
+from afd_models.models.ffn import token_id_layers
 from afd_models.topology import (
     TopologyError,
     check_attention_engine,
@@ -136,9 +137,31 @@ def model_identity(vllm_config: VllmConfig) -> str:
 
 
 def fingerprint(
-    vllm_config: VllmConfig, afd: AFDConfig, rank: int, layers: list[int]
+    vllm_config: VllmConfig,
+    afd: AFDConfig,
+    rank: int,
+    layers: list[int],
+    token_id_layers: list[int],
 ) -> Fingerprint:
-    """The fingerprint a worker of role rank ``rank`` presents at connect time."""
+    """The fingerprint a worker of role rank ``rank`` presents at connect time, its remote
+    ``layers`` and those of them whose exchange carries token ids.
+
+    Raises:
+        AFDConfigError: the model has token-id layers and the connector cannot carry token ids.
+    """
+    spec = CONNECTORS[afd.connector]
+    if token_id_layers and not spec.token_ids:
+        carriers = [
+            s.name
+            for s in CONNECTORS.values()
+            if s.token_ids and not s.not_served and set(s.platforms) & set(spec.platforms)
+        ]
+        raise AFDConfigError(
+            f"additional_config.afd.connector={afd.connector!r}: the model routes layers "
+            f"{token_id_layers} by token id, and this connector cannot carry token ids (its "
+            f"{spec.plane.value} plane moves hidden states only); connectors that can, on its "
+            f"platforms: {', '.join(carriers) or 'none'}"
+        )
     model_config = vllm_config.model_config
     return Fingerprint(
         role_rank=rank,
@@ -152,6 +175,7 @@ def fingerprint(
         model=model_identity(vllm_config),
         version=project_version(),
         connector=afd.connector,
+        token_id_layers=tuple(token_id_layers),
     )
 
 
@@ -196,7 +220,7 @@ def prepare_attention(
 
     def connect(model: nn.Module) -> AFDConnector:
         layers = [proxy.layer_idx for proxy in remote_layers(model)]
-        return connect_side(fingerprint(vllm_config, afd, rank, layers))
+        return connect_side(fingerprint(vllm_config, afd, rank, layers, token_id_layers(model)))
 
     return connect
 
@@ -228,7 +252,9 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
         connect_timeout_s: float | None = None,
         stop: threading.Event | None = None,
     ) -> FFNConnector:
-        presented = fingerprint(vllm_config, afd, rank, list(model.ffn_layer_indices()))
+        presented = fingerprint(
+            vllm_config, afd, rank, list(model.ffn_layer_indices()), token_id_layers(model)
+        )
         return connect_side(presented, connect_timeout_s=connect_timeout_s, stop=stop)
 
     return connect

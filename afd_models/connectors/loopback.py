@@ -9,6 +9,7 @@ two models never share vLLM's per-config layer registry).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 
 import torch
@@ -18,16 +19,18 @@ from vllm.forward_context import ForwardContext, create_forward_context, overrid
 from vllm.model_executor.model_loader import get_model_loader
 
 from afd_models.config import AFD_KEY
-from afd_models.connectors.base import AFDConnector, StepHeader
+from afd_models.connectors.base import AFDConnector, LayerInput, StepHeader
+from afd_models.ffn_server import ffn_output
 from afd_models.worker_config import eager_ffn_config
 
-Compute = Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
+#: the FFN half: a layer's output for what it received
+Compute = Callable[[int, LayerInput], torch.Tensor]
 
 
 class LoopbackConnector(AFDConnector):
     """Attention side whose "FFN peer" is a function call.
 
-    ``compute(layer_idx, hidden_states, router_logits)`` runs the FFN half; ``step_context`` (if
+    ``compute(layer_idx, received)`` runs the FFN half; ``step_context`` (if
     given) builds the forward context it runs in, once per step (the header), and every layer only
     swaps it in, as the gloo FFN server does once per step.
     """
@@ -69,12 +72,14 @@ class LoopbackConnector(AFDConnector):
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         ubatch: int,
+        token_ids: torch.Tensor | None,
     ) -> None:
+        received = LayerInput(hidden_states, router_logits, token_ids)
         if self._context is None:
-            output = self.compute(layer_idx, hidden_states, router_logits)
+            output = self.compute(layer_idx, received)
         else:
             with torch.inference_mode(), override_forward_context(self._context):
-                output = self.compute(layer_idx, hidden_states, router_logits)
+                output = self.compute(layer_idx, received)
         self._results[(ubatch, layer_idx)] = output
 
     def _recv_layer(self, layer_idx: int, like: torch.Tensor, ubatch: int) -> torch.Tensor:
@@ -102,7 +107,7 @@ class LoopbackConnector(AFDConnector):
                 vllm_config=ffn_config, model_config=ffn_config.model_config
             )
         connector = cls(
-            model.compute_ffn_output, lambda _: create_forward_context(None, ffn_config)
+            functools.partial(ffn_output, model), lambda _: create_forward_context(None, ffn_config)
         )
         connector.ffn_model = model
         return connector

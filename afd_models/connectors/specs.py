@@ -141,6 +141,9 @@ class ConnectorSpec:
     #: it would compute inside vLLM's micro-batch threads, where vLLM's MoE kernels refuse to
     #: run (``assert not dbo_enabled()`` without an async all2all), and gloo moves no CUDA tensors
     dbo: bool = False
+    #: whether its exchange carries token ids, for models whose layers route by them
+    #: (DeepSeek-V4's hash layers): not the CAM kernels, which move hidden states only
+    token_ids: bool = True
     #: whether it survives a restart of the peer role (``peer_restart_timeout_s``): gloo, whose
     #: waits end with the peer's sockets. An NCCL or CAM transfer pending on a vanished peer
     #: waits on the device, where only an abort ends it, and their watchdogs end the process
@@ -199,6 +202,7 @@ SPECS: tuple[ConnectorSpec, ...] = (
         plane=Plane.CAM_P2P,
         extra_config=CAMP2PExtraConfig,
         gate=Gate.FFN,
+        token_ids=False,
         attention="afd_models.connectors.cam:prepare_attention",
         ffn="afd_models.connectors.cam:prepare_ffn",
     ),
@@ -208,6 +212,7 @@ SPECS: tuple[ConnectorSpec, ...] = (
         plane=Plane.CAM_DISPATCH,
         extra_config=CAMAsyncExtraConfig,
         gate=Gate.ATTENTION,
+        token_ids=False,
         # its connectors exist (afd_models.connectors.cam), but no worker drives them yet
         attention=None,
         not_served="no routing hook on Attention, no expert-grouped FFN step",

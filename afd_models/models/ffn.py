@@ -1,7 +1,8 @@
 """The FFN role's entry points, shared by every model family's generated classes.
 
-The FFN server asks the causal LM which layers it computes (:func:`ffn_layers`) and for one
-layer's output on received activations; a family's MoE block answers with :func:`moe_output`.
+The FFN server asks the causal LM which layers it computes (:func:`ffn_layers`), which of them
+take token ids (:func:`token_id_layers`) and for one layer's output on received activations; a
+family's MoE block answers with :func:`moe_output`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ def ffn_layers(model: nn.Module) -> list[int]:
         for index, layer in enumerate(model.model.layers)
         if not isinstance(layer, PPMissingLayer) and not isinstance(layer.mlp, PPMissingLayer)
     ]
+
+
+def token_id_layers(model: nn.Module) -> list[int]:
+    """The layers of causal LM ``model`` (either role) whose routing needs the tokens' ids, so
+    that their exchange carries them: those its family declares by a ``token_id_layers()``
+    method (DeepSeek-V4's hash-routed MoE layers), none for a family that declares none."""
+    declared = getattr(model, "token_id_layers", None)
+    return [] if declared is None else list(declared())
 
 
 def moe_output(

@@ -51,9 +51,14 @@ class RemoteFFN(PPMissingLayer):
         return f"layer_name={self.layer_name!r}"
 
     def exchange(
-        self, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Send through the connector and receive (what the ``afd::exchange`` op runs)."""
+        """Send through the connector and receive (what the ``afd::exchange`` op runs); the
+        tokens' ids go along only if this layer routes by them (the connector's token-id
+        layers: a model's forward may hand them to every MoE layer)."""
         if self.connector is None:
             raise RuntimeError(
                 f"layer {self.layer_idx}: no AFD connector is bound; the AFD Attention runner binds one "
@@ -61,14 +66,18 @@ class RemoteFFN(PPMissingLayer):
             )
         # under vLLM's DBO each micro-batch runs in a thread of its own (else: micro-batch 0)
         ubatch = dbo_current_ubatch_id()
-        self.connector.send(self.layer_idx, hidden_states, router_logits, ubatch)
+        if self.layer_idx not in self.connector.token_id_layers:
+            token_ids = None
+        self.connector.send(
+            self.layer_idx, hidden_states, router_logits, ubatch, token_ids=token_ids
+        )
         # the other micro-batch computes while the FFN role computes this one's layer (a no-op
         # without DBO)
         dbo_yield()
         return self.connector.recv(self.layer_idx, hidden_states, ubatch)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return exchange(hidden_states, None, self.layer_name)
+        return exchange(hidden_states, None, None, self.layer_name)
 
 
 class RemoteExperts(RemoteFFN):
@@ -87,9 +96,16 @@ class RemoteExperts(RemoteFFN):
         # the MoE block's own gate (its parameters keep their checkpoint names under the block)
         self.gate = gate
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``input_ids``: the tokens' ids, which a family whose MoE layers may route by token id
+        passes (DeepSeek-V4); they cross only for the layers that do."""
         logits = None if self.gate is None else self.gate(hidden_states)[0]
-        return exchange(hidden_states, logits, self.layer_name)
+        return exchange(hidden_states, logits, input_ids, self.layer_name)
 
     def update_expert_map(self) -> None:
         """EPLB hook of the MoE runner interface: the experts are remote, nothing to remap here."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 from vllm.config import VllmConfig
 
-from afd_models.connectors.base import AFDConnectionError, StepHeader, peers_with
+from afd_models.connectors.base import AFDConnectionError, LayerInput, StepHeader, peers_with
 from afd_models.ffn_server import FFNServer
 from afd_models.graphs import FFNGraphKey, FFNGraphs
 from afd_models.topology import group_of_ffn
@@ -57,8 +57,8 @@ class ScriptedConnector:
             for n, flag in zip(counts, flags, strict=True)
         ]
 
-    def recv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return torch.full((self.current, HIDDEN), float(layer_idx)), None
+    def recv(self, layer_idx: int) -> LayerInput:
+        return LayerInput(torch.full((self.current, HIDDEN), float(layer_idx)))
 
     def send(self, layer_idx: int, output: torch.Tensor) -> None:
         self.outputs.append((layer_idx, output))
@@ -334,9 +334,9 @@ class SplitScripted(ScriptedConnector):
     def start_recv(self, layer_idx: int, ubatch: int, peers: tuple[int, ...]) -> Any:
         return lambda: None
 
-    def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def received(self, layer_idx: int, ubatch: int) -> LayerInput:
         rows = sum(self.headers[p].ubatches[ubatch] for p in peers_with(self.headers, ubatch))
-        return torch.full((rows, HIDDEN), float(layer_idx)), None
+        return LayerInput(torch.full((rows, HIDDEN), float(layer_idx)))
 
     def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
         self.outputs.append((layer_idx, output))

@@ -7,6 +7,7 @@ sides within seconds with nothing left open."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import multiprocessing
 import os
@@ -149,8 +150,10 @@ class GlooPlaysNccl:
 PLANES = ("gloo", "nccl")
 
 
-def _attention_connector(plane: str, rank: int, port: int, made: list[Any]) -> Any:
-    group, fingerprint = groups(2, 1, port)[0], _fingerprint(rank)
+def _attention_connector(
+    plane: str, rank: int, port: int, made: list[Any], **changes: object
+) -> Any:
+    group, fingerprint = groups(2, 1, port)[0], _fingerprint(rank, **changes)
     if plane == "gloo":
         from afd_models.connectors.gloo import GlooAttentionConnector
 
@@ -168,8 +171,8 @@ def _attention_connector(plane: str, rank: int, port: int, made: list[Any]) -> A
     )
 
 
-def _ffn_connector(plane: str, port: int, made: list[Any]) -> Any:
-    group, fingerprint = groups(2, 1, port)[0], _fingerprint(0)
+def _ffn_connector(plane: str, port: int, made: list[Any], **changes: object) -> Any:
+    group, fingerprint = groups(2, 1, port)[0], _fingerprint(0, **changes)
     if plane == "gloo":
         from afd_models.connectors.gloo import GlooFFNConnector
 
@@ -240,10 +243,12 @@ def pair(request: pytest.FixtureRequest) -> Any:
     _stop_pair(ffn, peers, release)
 
 
-def _start_pair(plane: str, peer: Any) -> tuple[Any, list[Any], Any, Any, list[GlooPlaysNccl]]:
+def _start_pair(
+    plane: str, peer: Any, **changes: object
+) -> tuple[Any, list[Any], Any, Any, list[GlooPlaysNccl]]:
     """Attention ranks 0 and 1 running ``peer`` in processes of their own, and the FFN connector
-    here: (FFN connector, peer processes, their results, release event, the FFN side's NCCL
-    stand-ins)."""
+    here, its fingerprint with ``changes``: (FFN connector, peer processes, their results,
+    release event, the FFN side's NCCL stand-ins)."""
     context = multiprocessing.get_context("spawn")
     results, release, port = context.Queue(), context.Event(), free_port()
     peers = [
@@ -252,7 +257,7 @@ def _start_pair(plane: str, peer: Any) -> tuple[Any, list[Any], Any, Any, list[G
     for process in peers:
         process.start()
     made: list[GlooPlaysNccl] = []
-    return _ffn_connector(plane, port, made), peers, results, release, made
+    return _ffn_connector(plane, port, made, **changes), peers, results, release, made
 
 
 def _stop_pair(ffn: Any, peers: list[Any], release: Any) -> None:
@@ -290,9 +295,11 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
             (step, n, torch.bfloat16) for n in TOKENS
         ]
         for layer in LAYERS:
-            hidden, logits = ffn.recv(layer)
+            received = ffn.recv(layer)
+            hidden, logits = received.hidden_states, received.router_logits
             assert hidden.shape == (sum(TOKENS), 16)
             assert (logits is None) == (step == 1)
+            assert received.token_ids is None  # no layer of this model routes by token id
             ffn.send(layer, _expected(hidden, logits))
     ffn_series = [
         {key: value - earlier[key] if key != "connected" else value for key, value in now.items()}
@@ -358,6 +365,105 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     # closing marks both peers disconnected (the fixture closes it again: closing is idempotent)
     ffn.close()
     assert [series["connected"] for series in _ffn_series()] == [0, 0]
+
+
+def _token_ids(rank: int, step: int) -> torch.Tensor:
+    return torch.arange(TOKENS[rank], dtype=torch.int64) * 7 + 100 * rank + step
+
+
+def _with_token_ids(hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """What the fake FFN computes on a token-id layer: each row shifted by its token's id."""
+    return hidden + token_ids.unsqueeze(-1).to(hidden.dtype)
+
+
+def _token_id_peer(
+    plane: str,
+    rank: int,
+    port: int,
+    results: multiprocessing.Queue,
+    release: multiprocessing.Event,
+    *,
+    token_layer: int,
+    with_logits: bool,
+) -> None:
+    """An Attention peer of a model whose layer ``token_layer`` routes by token id, sending
+    router logits too if ``with_logits``."""
+    made: list[GlooPlaysNccl] = []
+    connector = _attention_connector(plane, rank, port, made, token_id_layers=(token_layer,))
+    try:  # token-id layers other than those presented at connect time are refused
+        connector.set_layers(LAYERS, [])
+        refused = "accepted"
+    except ValueError as exc:
+        refused = str(exc)
+    connector.set_layers(LAYERS, [token_layer])
+    exact = True
+    for step in range(STEPS):
+        ids = _token_ids(rank, step)
+        for layer in LAYERS:
+            hidden, logits = _step_input(rank, step, layer)
+            logits = logits if with_logits else None
+            needs_ids = layer == token_layer
+            connector.send(layer, hidden, logits, token_ids=ids if needs_ids else None)
+            expected = _expected(hidden, logits)
+            expected = _with_token_ids(expected, ids) if needs_ids else expected
+            exact &= torch.equal(connector.recv(layer, hidden), expected)
+    results.put((rank, exact, made[0].transfers if made else None, refused))
+    release.wait(60)
+    connector.close()
+
+
+@pytest.mark.parametrize(
+    ("token_layer", "with_logits"),
+    # the first layer (on gloo: with the header over the step channel) with router logits, as
+    # DeepSeek-V4's first MoE layers route by token id; a later one without
+    [(LAYERS[0], True), (LAYERS[-1], False)],
+    ids=["first-layer-with-logits", "later-layer"],
+)
+@pytest.mark.parametrize("plane", PLANES)
+def test_token_ids_cross_only_for_the_layers_that_route_by_them(
+    plane: str, token_layer: int, with_logits: bool
+) -> None:
+    """A model one of whose two remote layers routes by token id (DeepSeek-V4's hash layers):
+    every step header says token ids come, that layer's sends carry each peer's ids (int32,
+    after the router logits, concatenated in peer order on the FFN side), the other layer's carry
+    none, and the outputs computed from them reach each peer's rows. A peer binding other
+    token-id layers than it presented is refused."""
+    peer = functools.partial(_token_id_peer, token_layer=token_layer, with_logits=with_logits)
+    ffn, peers, results, release, _ = _start_pair(plane, peer, token_id_layers=(token_layer,))
+    try:
+        for step in range(STEPS):
+            headers = ffn.wait_step(threading.Event())
+            assert [h.token_ids for h in headers] == [True, True]
+            for layer in LAYERS:
+                received = ffn.recv(layer)
+                assert (received.router_logits is not None) == with_logits
+                output = _expected(received.hidden_states, received.router_logits)
+                if layer != token_layer:
+                    assert received.token_ids is None
+                    ffn.send(layer, output)
+                    continue
+                ids = torch.cat([_token_ids(rank, step) for rank in (0, 1)])
+                assert received.token_ids is not None
+                assert received.token_ids.dtype == torch.int32
+                assert torch.equal(received.token_ids, ids.to(torch.int32))
+                ffn.send(layer, _with_token_ids(output, received.token_ids))
+        outcomes = sorted((results.get(timeout=60) for _ in peers), key=lambda o: o[0])
+        assert [outcome[:2] for outcome in outcomes] == [(0, True), (1, True)]
+        for *_, refused in outcomes:
+            assert refused == (
+                f"token-id layers [], but this connector presented [{token_layer}] at connect time"
+            )
+        if plane == "nccl":
+            # per step and layer: the receive, the hidden states, the logits if sent, and on the
+            # token-id layer the ids (NCCL never uses the step channel, the first layer included)
+            for rank, _, transfers, _ in outcomes:
+                per_step = []
+                for layer in LAYERS:
+                    parts = 1 + with_logits + (layer == token_layer)
+                    per_step += [(False, 0, TOKENS[rank])] + [(True, 0, TOKENS[rank])] * parts
+                assert transfers == per_step * STEPS, rank
+    finally:
+        _stop_pair(ffn, peers, release)
 
 
 def _quick_progress(connector: type) -> type:
@@ -618,7 +724,7 @@ def _rank_and(payload: bytes | None) -> bytes:
             _rank_and(b'{"format": "afd-fingerprint/0", "version": "0.0.9"}'),
             30,
             "received a malformed fingerprint: format 'afd-fingerprint/0', expected "
-            "'afd-fingerprint/4'; it says it runs vllm-afd-overlay 0.0.9",
+            "'afd-fingerprint/5'; it says it runs vllm-afd-overlay 0.0.9",
         ),
         (
             _rank_and(
@@ -702,7 +808,7 @@ def _engine_config(path: str, quantization: str | None = None, **model: object) 
 def test_fingerprint_of_an_engine() -> None:
     """The factory's fingerprint: the AFD config, the layers, the model's size and dtype, an
     identity that ignores where the model was read from, and the installed version."""
-    from afd_models.config import parse_afd_config
+    from afd_models.config import AFDConfigError, parse_afd_config
     from afd_models.connectors.factory import fingerprint, model_identity, project_version
 
     afd = parse_afd_config(
@@ -715,9 +821,30 @@ def test_fingerprint_of_an_engine() -> None:
     )
     engine = _engine_config("/models/a")
     identity = model_identity(engine)
-    assert fingerprint(engine, afd, 3, [1, 2]) == Fingerprint(
-        3, 4, 2, 1, True, (1, 2), 64, "bfloat16", identity, project_version(), "GlooAFDConnector"
+    assert fingerprint(engine, afd, 3, [1, 2], [2]) == Fingerprint(
+        3,
+        4,
+        2,
+        1,
+        True,
+        (1, 2),
+        64,
+        "bfloat16",
+        identity,
+        project_version(),
+        "GlooAFDConnector",
+        (2,),
     )
+    # a connector whose plane cannot carry token ids refuses a model with token-id layers, by name
+    camp2p = dataclasses.replace(afd, connector="CAMP2PAFDConnector")
+    assert fingerprint(engine, camp2p, 3, [1, 2], []).token_id_layers == ()
+    with pytest.raises(
+        AFDConfigError,
+        match=r"connector='CAMP2PAFDConnector': the model routes "
+        r"layers \[2\] by token id.*its cam-p2p plane moves hidden states only\); connectors "
+        r"that can, on its platforms: LoopbackAFDConnector$",
+    ):
+        fingerprint(engine, camp2p, 3, [1, 2], [2])
     assert identity.startswith("X config-sha256:") and len(identity) == len("X config-sha256:") + 16
     assert model_identity(_engine_config("/elsewhere/b")) == identity
     assert model_identity(_engine_config("/models/a", n_routed_experts=8)) != identity

@@ -76,7 +76,7 @@ def test_calls_vllm_neither_captures_nor_replays_are_left_alone() -> None:
 def test_attention_announces_replays_of_what_it_captured() -> None:
     """A capture runs the exchange (the loopback FFN half in its own forward context) without
     announcing a step; each replay announces the captured step with ``graph`` set."""
-    connector = Announcing(lambda layer, hidden, logits: hidden * layer)
+    connector = Announcing(lambda layer, received: received.hidden_states * layer)
     announced = connector.announced
     connector.set_layers([1, 2])
     steps = AttentionGraphSteps(connector)
@@ -120,7 +120,7 @@ def test_split_steps_are_told_to_the_connector_captured_and_replayed() -> None:
     runs and replays count as splits, a capture as a capture."""
     from afd_models.graphs import split_step
 
-    connector = Announcing(lambda layer, hidden, logits: hidden * layer)
+    connector = Announcing(lambda layer, received: received.hidden_states * layer)
     announced = connector.announced
     connector.set_layers([1])
     steps = AttentionGraphSteps(connector)

@@ -41,7 +41,7 @@ class Announcing(LoopbackConnector):
     """A loopback connector keeping the step headers it announces."""
 
     def __init__(self) -> None:
-        super().__init__(lambda layer, hidden, logits: hidden * layer)
+        super().__init__(lambda layer, received: received.hidden_states * layer)
         self.announced: list[StepHeader] = []
         self.set_layers([1])
 

@@ -102,7 +102,7 @@ def test_an_in_process_ffn_half_counts_its_weights() -> None:
     GPU runner adds to the weights it budgets; a connector without an FFN half reports none."""
     from afd_models.connectors.loopback import LoopbackConnector
 
-    connector = LoopbackConnector(lambda layer, hidden, logits: hidden)
+    connector = LoopbackConnector(lambda layer, received: received.hidden_states)
     assert connector.in_process_weight_bytes() == 0
     ffn = nn.Linear(4, 3, dtype=torch.bfloat16)
     ffn.register_buffer("bias_correction", torch.zeros(5, dtype=torch.float32))

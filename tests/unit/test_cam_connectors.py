@@ -128,8 +128,9 @@ def _serve_3a1f(
         headers = ffn.wait_step(threading.Event())
         assert [h.num_tokens for h in headers] == list(tokens)
         for layer in LAYERS:
-            hidden, logits = ffn.recv(layer)
-            assert logits is None
+            received = ffn.recv(layer)
+            assert received.router_logits is None and received.token_ids is None
+            hidden = received.hidden_states
             inputs.append(hidden)
             ffn.send(layer, hidden * 2 + layer)
     finally:
@@ -192,9 +193,10 @@ def test_camp2p_worlds_follow_the_project_groups(a: int, f: int) -> None:
 
 
 def test_camp2p_refuses_what_the_kernels_cannot_move() -> None:
-    """float16 hidden states are refused by name before any kernel runs."""
+    """float16 hidden states, router logits and token ids are refused by name before any kernel
+    runs."""
     from afd_models.connectors.cam import CamP2PDataPlane
-    from afd_models.connectors.p2p.plane import Transfer
+    from afd_models.connectors.p2p.plane import Part, Transfer, layer_tag
 
     ops = FakeCamP2P()
     plane = CamP2PDataPlane(CPU, 1.0, ops)
@@ -202,9 +204,13 @@ def test_camp2p_refuses_what_the_kernels_cannot_move() -> None:
         AFDConnectionError,
         match=r"torch\.float16 tensor, the CAM kernels move torch\.bfloat16 only",
     ):
-        plane.start([Transfer(True, torch.ones(2, HIDDEN, dtype=torch.float16), 0, 4)], "x")
-    with pytest.raises(AFDConnectionError, match="router logits"):
-        plane.start([Transfer(True, torch.ones(2, 4, dtype=torch.bfloat16), 0, 5)], "x")
+        plane.start(
+            [Transfer(True, torch.ones(2, HIDDEN, dtype=torch.float16), 0, layer_tag(1))], "x"
+        )
+    for part, says in ((Part.ROUTER_LOGITS, "router logits"), (Part.TOKEN_IDS, "token ids")):
+        tag = layer_tag(1, part, ubatch=1)
+        with pytest.raises(AFDConnectionError, match=f"{says} \\(the CAM kernels carry hidden"):
+            plane.start([Transfer(True, torch.ones(2, 4, dtype=torch.bfloat16), 0, tag)], "x")
     assert ops.log == []
 
 
@@ -308,6 +314,11 @@ def test_cam_async_attention_routes_dispatches_then_combines_per_layer(world_por
         ]
         with pytest.raises(AFDConnectionError, match="came without router logits"):
             connector.send(LAYERS[0], hidden, None)
+        # the CAM dispatch carries no token ids (the factory refuses such a model before)
+        connector.set_layers(LAYERS, token_id_layers=[LAYERS[0]])
+        with pytest.raises(AFDConnectionError, match="came with token ids; the CAM dispatch"):
+            connector.send(LAYERS[0], hidden, logits, token_ids=torch.arange(3))
+        assert len(ops.log) == 5  # nothing dispatched
     finally:
         connector.close()
 

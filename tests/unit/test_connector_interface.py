@@ -30,6 +30,7 @@ ENGINE = Fingerprint(
     model="AFDDeepseekV2ForCausalLM config-sha256:0123456789abcdef",
     version="0.1.0",
     connector="GlooAFDConnector",
+    token_id_layers=(0, 1),
 )
 
 
@@ -39,6 +40,8 @@ class Recording(AFDConnector):
     def __init__(self) -> None:
         super().__init__()
         self.sent: list[tuple[str, object]] = []
+        #: the token ids each layer's send carried, by layer
+        self.token_ids: dict[int, torch.Tensor | None] = {}
         self._out: dict[tuple[int, int], torch.Tensor] = {}
 
     def _send_header(self, header: StepHeader) -> None:
@@ -50,7 +53,9 @@ class Recording(AFDConnector):
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         ubatch: int,
+        token_ids: torch.Tensor | None,
     ) -> None:
+        self.token_ids[layer_idx] = token_ids
         what = (layer_idx, router_logits is not None)
         self.sent.append(("layer", what if not ubatch else (*what, ubatch)))
         self._out[(ubatch, layer_idx)] = hidden_states * 2
@@ -80,14 +85,78 @@ def test_header_carries_the_split() -> None:
     assert StepHeader(1, 10, 16, torch.float16).ubatches == (10,)
 
 
-@pytest.mark.parametrize(("position", "value"), [(0, 9), (4, 9), (7, 9), (8, 10), (8, -1)])
+@pytest.mark.parametrize("token_ids", [False, True])
+def test_header_carries_whether_token_ids_come(token_ids: bool) -> None:
+    header = StepHeader(1, 4, 16, torch.float16, token_ids=token_ids)
+    assert StepHeader.decode(header.encode()) == header
+
+
+@pytest.mark.parametrize(
+    ("position", "value"), [(0, 9), (4, 9), (7, 9), (8, 10), (8, -1), (9, 2), (9, -1)]
+)
 def test_malformed_header_is_refused(position: int, value: int) -> None:
-    """A wrong magic, dtype code, graph flag or micro-batch split (a first micro-batch of all
-    the step's tokens or fewer than none) is refused."""
+    """A wrong magic, dtype code, graph flag, micro-batch split (a first micro-batch of all
+    the step's tokens or fewer than none) or token-id flag is refused."""
     values = StepHeader(0, 10, 8, torch.float32).encode()
     values[position] = value
     with pytest.raises(AFDConnectionError, match="malformed step header"):
         StepHeader.decode(values)
+
+
+def test_token_ids_go_with_the_token_id_layers_only() -> None:
+    """A model whose layer 2 routes by token id: its step headers say token ids come, layer 2
+    sends them (as int32), layer 1 sends none; leaving them out of layer 2, giving them to layer
+    1, or giving a count other than the layer's tokens is an error before anything is sent."""
+    connector = Recording()
+    connector.set_layers([1, 2], token_id_layers=[2])
+    hidden, ids = torch.ones(3, 8), torch.tensor([5, 7, 9])
+    connector.send(1, hidden, None)
+    connector.recv(1, hidden)
+    connector.send(2, hidden, None, token_ids=ids)
+    connector.recv(2, hidden)
+    assert connector.sent[0] == ("header", StepHeader(0, 3, 8, torch.float32, token_ids=True))
+    sent_ids = connector.token_ids[2]
+    assert connector.token_ids[1] is None and sent_ids is not None
+    assert sent_ids.dtype == torch.int32 and sent_ids.tolist() == [5, 7, 9]
+    before = list(connector.sent)
+    with pytest.raises(AFDConnectionError, match="layer 1 was sent token ids, but only layers"):
+        connector.send(1, hidden, None, token_ids=ids)
+    connector.send(1, hidden, None)
+    connector.recv(1, hidden)
+    with pytest.raises(AFDConnectionError, match="layer 2 routes by token id, but was sent"):
+        connector.send(2, hidden, None)
+    with pytest.raises(AFDConnectionError, match=r"token ids of shape \(2,\) for 3 tokens"):
+        connector.send(2, hidden, None, token_ids=ids[:2])
+    assert connector.sent == [
+        *before,
+        ("header", StepHeader(1, 3, 8, torch.float32, token_ids=True)),
+        ("layer", (1, False)),
+    ]
+
+
+def test_a_send_refused_for_its_token_ids_keeps_the_planned_split() -> None:
+    """The token-id checks come before the step opens: a refused first send leaves the split
+    announced for the step, which the corrected send then opens."""
+    connector = Recording()
+    connector.set_layers([1], token_id_layers=[1])
+    connector.split_next_step([1, 2])
+    first = torch.ones(1, 8)
+    with pytest.raises(AFDConnectionError, match="routes by token id, but was sent without"):
+        connector.send(1, first, None)
+    connector.send(1, first, None, token_ids=torch.tensor([3]))
+    assert connector.sent[0] == (
+        "header",
+        StepHeader(0, 3, 8, torch.float32, ubatch_tokens=1, token_ids=True),
+    )
+
+
+def test_a_model_without_token_id_layers_says_so_in_its_headers() -> None:
+    connector = Recording()
+    connector.set_layers([1, 2])
+    connector.send(1, torch.ones(2, 8), None)
+    assert connector.sent[0] == ("header", StepHeader(0, 2, 8, torch.float32))
+    with pytest.raises(ValueError, match=r"token-id layers \[3\] are not remote layers \[1, 2\]"):
+        connector.set_layers([1, 2], token_id_layers=[3])
 
 
 def test_a_split_step_opens_once_with_its_split() -> None:
@@ -249,15 +318,19 @@ def _fields(**changes: object) -> dict[str, object]:
         (ENGINE.encode()[:-1], "carries"),
         (b"\xff\xff\xff\xff", "announces 4294967295 bytes, more than the 1048576 allowed"),
         (b"\0\0\0\3abc", "not JSON"),
-        (_framed([1, 2]), "format None, expected 'afd-fingerprint/4'"),
+        (_framed([1, 2]), "format None, expected 'afd-fingerprint/5'"),
         (
             _framed(_fields(format="afd-fingerprint/1", version="0.3.0")),
-            "format 'afd-fingerprint/1', expected 'afd-fingerprint/4'; it says it runs vllm-afd-overlay 0.3.0",
+            "format 'afd-fingerprint/1', expected 'afd-fingerprint/5'; it says it runs vllm-afd-overlay 0.3.0",
         ),
         (_framed({k: v for k, v in _fields().items() if k != "dtype"}), "fields ["),
         (_framed(_fields(extra=1)), "'extra'"),
         (_framed(_fields(hidden_size=True)), "hidden_size=True is not an integer"),
         (_framed(_fields(layers=[0, "1"])), "layers=[0, '1'] is not a list of integers"),
+        (
+            _framed(_fields(token_id_layers=1)),
+            "token_id_layers=1 is not a list of integers",
+        ),
         (
             _framed(_fields(compute_gate_on_attention=1)),
             "compute_gate_on_attention=1 is not true or false",
@@ -275,6 +348,7 @@ def _fields(**changes: object) -> dict[str, object]:
         "extra-field",
         "bool-for-int",
         "layer-not-int",
+        "token-id-layers-not-a-list",
         "int-for-bool",
         "null-model",
     ],
@@ -314,6 +388,10 @@ def test_fingerprints_differing_in_role_rank_only_match() -> None:
         ),
         ({"version": "0.2.0"}, "version: attention rank 1 has 0.1.0, the FFN rank 0 has 0.2.0"),
         ({"version": ""}, "version: attention rank 1 has 0.1.0, the FFN rank 0 has (none)"),
+        (
+            {"token_id_layers": ()},
+            "token_id_layers: attention rank 1 has [0-1], the FFN rank 0 has []",
+        ),
     ],
 )
 def test_each_differing_field_is_named_with_both_values(
@@ -344,4 +422,20 @@ def test_every_differing_field_is_listed_in_field_order() -> None:
         "model",
         "version",
         "connector",
+        "token_id_layers",
     ]
+
+
+def test_every_transfer_of_a_step_has_a_tag_of_its_own() -> None:
+    """gloo pairs transfers by tag: each layer, micro-batch and part gets its own, and the tag
+    tells which part it carries."""
+    from afd_models.connectors.p2p.plane import Part, layer_tag, tag_part
+
+    tags = {
+        (layer, ubatch, part): layer_tag(layer, part, ubatch)
+        for layer in range(64)
+        for ubatch in (0, 1)
+        for part in Part
+    }
+    assert len(set(tags.values())) == len(tags)
+    assert all(tag_part(tag) is part for (_, _, part), tag in tags.items())

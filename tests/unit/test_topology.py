@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -303,3 +304,10 @@ def test_the_ffn_server_counts_a_step_with_ffn_token_counts() -> None:
         check_headers([header(7)], second, **{**shape, "num_attention_ranks": 4})
     with pytest.raises(TopologyError, match=r"are not the peers of FFN rank 0 in 2A2F"):
         check_headers([header(3), header(5)], first, **{**shape, "num_attention_ranks": 2})
+    # the sends' parts pair only if both sides agree whether token ids come
+    with_ids = dataclasses.replace(header(7), token_ids=True)
+    assert check_headers([with_ids], second, **shape, token_ids=True) == 7
+    with pytest.raises(AFDConnectionError, match="says token ids come, but this FFN model has no"):
+        check_headers([with_ids], second, **shape)
+    with pytest.raises(AFDConnectionError, match="do not come, but this FFN model has token-id"):
+        check_headers([header(7)], second, **shape, token_ids=True)

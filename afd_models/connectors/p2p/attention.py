@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -17,7 +17,14 @@ from afd_models.connectors.base import (
     Fingerprint,
     StepHeader,
 )
-from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait, layer_tag, ubatch_label
+from afd_models.connectors.p2p.plane import (
+    DataPlane,
+    Transfer,
+    Wait,
+    layer_parts,
+    layer_tag,
+    ubatch_label,
+)
 from afd_models.connectors.p2p.rendezvous import (
     PROBE_EVERY_S,
     PROGRESS_EVERY_S,
@@ -138,6 +145,16 @@ class P2PAttentionConnector(AFDConnector):
         if self.metrics is not None:
             self.metrics.reconnected()
 
+    def set_layers(self, layers: Sequence[int], token_id_layers: Sequence[int] = ()) -> None:
+        """As :meth:`AFDConnector.set_layers`; the token-id layers must be those this connector
+        presented at connect time, which the FFN side sizes its receives by."""
+        if tuple(token_id_layers) != self.fingerprint.token_id_layers:
+            raise ValueError(
+                f"token-id layers {list(token_id_layers)}, but this connector presented "
+                f"{list(self.fingerprint.token_id_layers)} at connect time"
+            )
+        super().set_layers(layers, token_id_layers)
+
     def ffn_is_hosting(self) -> bool:
         """Whether an FFN worker hosts this connector's group now (one probe of its store)."""
         return probe(self._group.host, self._group.group.port, PROBE_EVERY_S) is None
@@ -234,14 +251,15 @@ class P2PAttentionConnector(AFDConnector):
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         ubatch: int,
+        token_ids: torch.Tensor | None,
     ) -> None:
         header, self._header = self._header, None
-        tensors = [hidden_states] if router_logits is None else [hidden_states, router_logits]
+        parts = layer_parts(hidden_states, router_logits, token_ids)
         if header is not None:
-            self._write_step(header, tensors)
+            self._write_step(header, [tensor for _, tensor in parts])
         sends = [
-            Transfer(True, tensor, 0, layer_tag(layer_idx, index == 1, ubatch))
-            for index, tensor in enumerate([] if header is not None else tensors)
+            Transfer(True, tensor, 0, layer_tag(layer_idx, part, ubatch))
+            for part, tensor in ([] if header is not None else parts)
         ]
         what = f"exchange of layer {layer_idx}{ubatch_label(ubatch)}"
         if self.is_split:

@@ -13,15 +13,24 @@ from collections.abc import Sequence
 import torch
 
 from afd_models.connectors.base import (
+    TOKEN_ID_DTYPE,
     AFDConnectionError,
     AFDPeerGoneError,
     FFNConnector,
     Fingerprint,
+    LayerInput,
     StepHeader,
     compare_fingerprints,
     peers_with,
 )
-from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait, layer_tag, ubatch_label
+from afd_models.connectors.p2p.plane import (
+    DataPlane,
+    Part,
+    Transfer,
+    Wait,
+    layer_tag,
+    ubatch_label,
+)
 from afd_models.connectors.p2p.rendezvous import (
     PROBE_EVERY_S,
     PROGRESS_EVERY_S,
@@ -70,8 +79,9 @@ class P2PFFNConnector(FFNConnector):
         self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
-        #: receives posted by start_recv, by (layer, micro-batch): each peer's buffers by position
-        self._incoming: dict[tuple[int, int], dict[int, list[torch.Tensor]]] = {}
+        #: receives posted by start_recv, by (layer, micro-batch): each peer's buffers by part,
+        #: by its position
+        self._incoming: dict[tuple[int, int], dict[int, dict[Part, torch.Tensor]]] = {}
         self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
         #: positions of the peers whose next layer rides behind their header (its first layer)
         self._on_channel: set[int] = set()
@@ -281,42 +291,51 @@ class P2PFFNConnector(FFNConnector):
         """Post the receives of ``layer_idx``'s micro-batch ``ubatch`` from ``peers`` (positions
         in peer order): by the data plane, or for the step's first layer on a plane that allows
         it, from the step channel behind the header."""
-        plane = self._group.plane
         parts = self._incoming.setdefault((layer_idx, ubatch), {})
         transfers = []
         for index in peers:
             peer, header = self.peers[index], self.headers[index]
-            rows = header.ubatches[ubatch]
-            tensors = [
-                torch.empty(rows, header.hidden_size, dtype=header.dtype, device=plane.device)
-            ]
-            if header.logits_width:
-                tensors.append(
-                    torch.empty(
-                        rows, header.logits_width, dtype=header.logits_dtype, device=plane.device
-                    )
-                )
-            parts[index] = tensors
+            parts[index] = self._buffers(layer_idx, header, header.ubatches[ubatch])
             on_channel = index in self._on_channel
             self._on_channel.discard(index)
-            for part, tensor in enumerate(tensors):
+            for part, tensor in parts[index].items():
                 if on_channel:
                     self._read(self._channels[index], tensor, f"layer {layer_idx} from rank {peer}")
                 else:
-                    tag = layer_tag(layer_idx, part == 1, ubatch)
+                    tag = layer_tag(layer_idx, part, ubatch)
                     transfers.append(Transfer(False, tensor, peer, tag))
         if not transfers:
             return lambda: None
         return self._group.start(transfers, f"receive of layer {layer_idx}{ubatch_label(ubatch)}")
 
-    def received(self, layer_idx: int, ubatch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _buffers(self, layer_idx: int, header: StepHeader, rows: int) -> dict[Part, torch.Tensor]:
+        """Empty buffers for what a peer with ``header`` sends of ``layer_idx`` (``rows`` tokens),
+        in the order of :func:`~afd_models.connectors.p2p.plane.layer_parts`."""
+        device = self._group.plane.device
+        buffers = {
+            Part.HIDDEN: torch.empty(rows, header.hidden_size, dtype=header.dtype, device=device)
+        }
+        if header.logits_width:
+            buffers[Part.ROUTER_LOGITS] = torch.empty(
+                rows, header.logits_width, dtype=header.logits_dtype, device=device
+            )
+        if header.token_ids and layer_idx in self.fingerprint.token_id_layers:
+            buffers[Part.TOKEN_IDS] = torch.empty(rows, dtype=TOKEN_ID_DTYPE, device=device)
+        return buffers
+
+    def received(self, layer_idx: int, ubatch: int) -> LayerInput:
         parts = self._incoming.pop((layer_idx, ubatch))
-        for index, tensors in parts.items():
-            self.metrics[index].received(tensor_bytes(*tensors))
+        for index, buffers in parts.items():
+            self.metrics[index].received(tensor_bytes(*buffers.values()))
         ordered = [parts[index] for index in sorted(parts)]
-        hidden = [tensors[0] for tensors in ordered]
-        logits = [tensors[1] for tensors in ordered if len(tensors) > 1]
-        return _joined(hidden), _joined(logits) if logits else None
+        hidden = _joined([buffers[Part.HIDDEN] for buffers in ordered])
+        logits = [
+            buffers[Part.ROUTER_LOGITS] for buffers in ordered if Part.ROUTER_LOGITS in buffers
+        ]
+        ids = [buffers[Part.TOKEN_IDS] for buffers in ordered if Part.TOKEN_IDS in buffers]
+        return LayerInput(
+            hidden, _joined(logits) if logits else None, _joined(ids) if ids else None
+        )
 
     def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
         try:

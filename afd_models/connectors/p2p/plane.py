@@ -3,6 +3,7 @@ group, and how they are tagged (docs/design.md, section "Wire protocol")."""
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,8 +24,37 @@ class Transfer:
     tag: int
 
 
-def layer_tag(layer_idx: int, logits: bool = False, ubatch: int = 0) -> int:
-    return 4 * layer_idx + 2 * ubatch + (1 if logits else 0)
+class Part(enum.IntEnum):
+    """What a transfer of a layer carries, in the order a layer's transfers are posted."""
+
+    #: hidden states to the FFN side, or its output back
+    HIDDEN = 0
+    ROUTER_LOGITS = 1
+    TOKEN_IDS = 2
+
+
+def layer_tag(layer_idx: int, part: Part = Part.HIDDEN, ubatch: int = 0) -> int:
+    """The tag of one transfer: unique per layer, micro-batch (0 or 1) and part."""
+    return (layer_idx * 2 + ubatch) * len(Part) + part
+
+
+def tag_part(tag: int) -> Part:
+    """What the transfer tagged ``tag`` carries."""
+    return Part(tag % len(Part))
+
+
+def layer_parts(
+    hidden_states: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    token_ids: torch.Tensor | None,
+) -> list[tuple[Part, torch.Tensor]]:
+    """A layer's tensors to the FFN side, in the order both sides post them (absent ones left out)."""
+    parts = (
+        (Part.HIDDEN, hidden_states),
+        (Part.ROUTER_LOGITS, router_logits),
+        (Part.TOKEN_IDS, token_ids),
+    )
+    return [(part, tensor) for part, tensor in parts if tensor is not None]
 
 
 #: waits until a batch of transfers is done (raising :class:`AFDConnectionError` past the timeout)
