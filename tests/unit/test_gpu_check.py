@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -674,13 +675,24 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     return {**env, "FAKE_GPUS": "1"}
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # killed, but not reaped yet by whoever inherited it
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether ``pid`` has died within ``wait_s``: a SIGKILL is delivered asynchronously, and on
+    a loaded machine the process can still be running the moment the kill returns."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # killed, but not reaped yet by whoever inherited it
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except FileNotFoundError:  # reaped between the two looks
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
