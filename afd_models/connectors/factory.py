@@ -141,7 +141,7 @@ def fingerprint(
     afd: AFDConfig,
     rank: int,
     layers: list[int],
-    token_id_layers: list[int],
+    id_routed_layers: list[int],
 ) -> Fingerprint:
     """The fingerprint a worker of role rank ``rank`` presents at connect time, its remote
     ``layers`` and those of them whose exchange carries token ids.
@@ -150,7 +150,7 @@ def fingerprint(
         AFDConfigError: the model has token-id layers and the connector cannot carry token ids.
     """
     spec = CONNECTORS[afd.connector]
-    if token_id_layers and not spec.token_ids:
+    if id_routed_layers and not spec.token_ids:
         carriers = [
             s.name
             for s in CONNECTORS.values()
@@ -158,7 +158,7 @@ def fingerprint(
         ]
         raise AFDConfigError(
             f"additional_config.afd.connector={afd.connector!r}: the model routes layers "
-            f"{token_id_layers} by token id, and this connector cannot carry token ids (its "
+            f"{id_routed_layers} by token id, and this connector cannot carry token ids (its "
             f"{spec.plane.value} plane moves hidden states only); connectors that can, on its "
             f"platforms: {', '.join(carriers) or 'none'}"
         )
@@ -175,7 +175,7 @@ def fingerprint(
         model=model_identity(vllm_config),
         version=project_version(),
         connector=afd.connector,
-        token_id_layers=tuple(token_id_layers),
+        token_id_layers=tuple(id_routed_layers),
     )
 
 
