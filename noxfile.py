@@ -24,6 +24,11 @@ ROOT = Path(__file__).resolve().parent
 
 #: Test directories in the order they run: cheapest tiers first.
 TEST_TIERS = ("unit", "upstream", "cpu", "e2e_cpu", "gpu", "npu")
+#: Tiers of pure-Python work that start no engine: run by two pytest workers (the upstream tier's
+#: drift runs are single-threaded, about 11 minutes of the run on one core). The others run in
+#: one process: their engines pin cores of their own.
+PARALLEL_TIERS = ("unit", "upstream")
+PARALLEL_WORKERS = "2"
 #: Tiers `nox -s tests` must run here; a skip of one of these is an error, not a pass.
 REQUIRED_TIERS = ("unit", "upstream", "cpu", "e2e_cpu")
 #: pytest's list of the slowest tests after each run: what the CI time budget is made of
@@ -87,16 +92,30 @@ def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
     (primary, python), *others = pythons.items()
     _check_committed_with(session, python)
     _regenerate_with(session, python)
-    session.log(f"every tier on vLLM {primary}")
+    serial_tiers = [tier for tier in TEST_TIERS if tier not in PARALLEL_TIERS]
+    session.log(f"the {', '.join(PARALLEL_TIERS)} tiers on vLLM {primary}, two pytest workers")
     session.run(
         python,
         "-m",
         "pytest",
-        *(f"tests/{tier}" for tier in TEST_TIERS),
+        *(f"tests/{tier}" for tier in PARALLEL_TIERS),
+        "-n",
+        PARALLEL_WORKERS,
         DURATIONS,
         *session.posargs,
         external=True,
-        env={"AFD_REQUIRED_TIERS": ",".join(REQUIRED_TIERS)},
+        env={"AFD_REQUIRED_TIERS": ",".join(PARALLEL_TIERS)},
+    )
+    session.log(f"the {', '.join(serial_tiers)} tiers on vLLM {primary}")
+    session.run(
+        python,
+        "-m",
+        "pytest",
+        *(f"tests/{tier}" for tier in serial_tiers),
+        DURATIONS,
+        *session.posargs,
+        external=True,
+        env={"AFD_REQUIRED_TIERS": ",".join(t for t in REQUIRED_TIERS if t in serial_tiers)},
     )
     for version, other in others:
         session.log(f"the {', '.join(RELEASE_TIERS)} tiers on vLLM {version} (its own CPU env)")

@@ -226,6 +226,10 @@ def _extract(archive: Path, package: str, target: Path) -> None:
                     out.write_bytes(handle.read())
         if not (staging / package / "__init__.py").exists():
             raise SourceError(f"{archive.name} has no {package}/__init__.py")
+        if (target / package / "__init__.py").exists():
+            # another process (a parallel test worker) extracted the release meanwhile: keep its
+            # tree, which it may be reading already; ours goes with the staging directory
+            return
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

@@ -6,14 +6,12 @@ JSON: per-layer differences, output tokens, and the split of parameters between 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Hashable
 
 import pytest
 
 from afd_models.cli.tiny_models import tiny_config
+from tests.verify_runs import VerifyRun, run_all, selected
 
 #: V2 (bitwise) and V3 (``noaux_tc``, grouped top-k) run on every supported vLLM release; the
 #: other configurations vary AFD's own plan and run on the primary release only
@@ -25,36 +23,27 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_env: dict[str, str],
+) -> dict[Hashable, VerifyRun]:
+    """Every selected case's ``verify`` run, two at a time (tests/verify_runs.py)."""
+    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    cases = selected(request, "test_verify_passes", "variant", "dtype")
+    configs = {case: (tiny_config(case[0]), ("--dtype", case[1])) for case in cases}
+    return run_all(configs, tmp_path_factory.mktemp("verify"), env)
+
+
 @pytest.mark.parametrize(
     ("variant", "dtype"),
     CASES,
     ids=["v2-float32", "v3-bfloat16", "v2-lite-float32", "v2-grouped-bfloat16"],
 )
-def test_verify_passes(variant: str, dtype: str, tmp_path: Path, vllm_env: dict[str, str]) -> None:
+def test_verify_passes(variant: str, dtype: str, runs: dict[Hashable, VerifyRun]) -> None:
     """Both gate placements match native within the dtype's tolerance (bitwise for float32)."""
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(tiny_config(variant)))
-    report = tmp_path / "report.json"
-    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "afd_models.cli.verify",
-            "--hf-config",
-            str(config),
-            "--dtype",
-            dtype,
-            "--json",
-            str(report),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    data = json.loads(report.read_text())
+    data = runs[variant, dtype].data()
     for gate in ("ffn", "attention"):
         entry = data[f"gate_on_{gate}"]
         assert entry["tokens_equal"] and entry["forwards"] >= 2

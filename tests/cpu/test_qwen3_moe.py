@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 
 from afd_models.cli.hf_config import is_moe_layer
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
-
-VERIFY = [sys.executable, "-m", "afd_models.cli.verify"]
+from tests.verify_runs import VERIFY, VerifyRun, run_all, selected
 
 #: experts / top-k / norm_topk_prob / decoder_sparse_step / mlp_only_layers vary between the cases
 CASES = {
@@ -57,6 +56,19 @@ def test_builder_is_reproducible_and_names_qwen3_tensors(tmp_path: Path) -> None
     assert (config.model_type, config.num_experts, config.mlp_only_layers) == ("qwen3_moe", 8, [0])
 
 
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_env: dict[str, str],
+) -> dict[Hashable, VerifyRun]:
+    """Every selected case's ``verify`` run, two at a time (tests/verify_runs.py)."""
+    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    cases = selected(request, "test_verify_is_bitwise_for_both_gate_placements", "case")
+    configs = {case: (CASES[case], ()) for (case,) in cases}
+    return run_all(configs, tmp_path_factory.mktemp("verify"), env)
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -67,21 +79,9 @@ def test_builder_is_reproducible_and_names_qwen3_tensors(tmp_path: Path) -> None
     ],
 )
 def test_verify_is_bitwise_for_both_gate_placements(
-    case: str, tmp_path: Path, vllm_env: dict[str, str]
+    case: str, runs: dict[Hashable, VerifyRun]
 ) -> None:
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(CASES[case]))
-    report = tmp_path / "report.json"
-    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    result = subprocess.run(
-        [*VERIFY, "--hf-config", str(config), "--json", str(report)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    data = json.loads(report.read_text())
+    data = runs[case].data()
     layers = range(CASES[case]["num_hidden_layers"])
     dense = [i for i in layers if not is_moe_layer(CASES[case], i)]
     for gate in ("ffn", "attention"):

@@ -1,5 +1,6 @@
 """Topologies beyond 1A1F end to end: 2A2F, 3A2F and 1A1F with TP 2, as separate ``vllm serve``
-processes. (2A1F is 3A2F's first FFN rank with its two peers: it adds no case of its own.)
+processes, on the primary release. (2A1F is 3A2F's first FFN rank with its two peers: it adds no
+case of its own.)
 
 Attention ranks come from vLLM data parallel inside one Attention engine (``--data-parallel-size``)
 and from several Attention engines, each naming its first rank with ``rank_offset``; every FFN
@@ -23,7 +24,8 @@ keep greedy tokens stable when an FFN rank computes two peers' rows in one batch
 eagerly: compiled mode is covered by test_serve_pair.py, and these tests are about ranks. The
 baseline runs eagerly too: the compiled baseline of the pair tests cannot stand in for it (tried
 2026-12-03, to save an engine start per release: 2A2F's and 3A2F's eager tokens differed from
-it after a few tokens).
+it after a few tokens). The pair tests and `verify` run on every release; these, about two
+minutes each, on the primary only (the CI budget, docs/environment.md).
 """
 
 from __future__ import annotations
@@ -89,9 +91,6 @@ TOPOLOGIES = [
     ),
     Topology("1A1F-TP2", attention_engines=(1,), peers=((0,),), tp=2),
 ]
-#: run on every supported vLLM release: 3A2F has vLLM DP inside an engine, several Attention
-#: engines and an FFN rank aggregating two peers. The others run on the primary release.
-EVERY_RELEASE = {"3A2F"}
 
 
 def _complete_all(server: serve.Server) -> list[list[int]]:
@@ -236,15 +235,7 @@ def memory(logs: Path) -> Iterator[dict[str, tuple[int, int]]]:
         print(f"  {engine}: {rss // 2**20}, {pss // 2**20}")
 
 
-@pytest.mark.parametrize(
-    "topology",
-    [
-        pytest.param(
-            t, id=t.name, marks=pytest.mark.every_release if t.name in EVERY_RELEASE else ()
-        )
-        for t in TOPOLOGIES
-    ],
-)
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda t: t.name)
 def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
     topology: Topology,
     model: Path,

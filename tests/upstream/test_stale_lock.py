@@ -64,7 +64,9 @@ def test_tests_session_checks_before_it_regenerates() -> None:
     assert steps == [
         ("-m", "codegen", "check"),
         ("-m", "codegen", "regenerate"),
+        # the pure-Python tiers by two workers, then the engines' tiers in one process
         ("-m", "pytest", "tests/unit"),
+        ("-m", "pytest", "tests/cpu"),
         # the other supported release, in its own env: its code, its tiers, then the primary's
         # code again for the checkout
         ("-m", "codegen", "regenerate"),
@@ -77,9 +79,19 @@ def test_tests_session_checks_before_it_regenerates() -> None:
     ], commands
     assert commands[0][1:] == noxfile.COMMITTED_CHECK
     assert [c[0] for c in commands] == (
-        ["py-0.26"] * 3 + ["py-0.28"] * 2 + ["py-0.26"] + ["py-0.30"] * 2 + ["py-0.26"]
+        ["py-0.26"] * 4 + ["py-0.28"] * 2 + ["py-0.26"] + ["py-0.30"] * 2 + ["py-0.26"]
     )
-    assert commands[4][1:] == (
+    assert commands[2][1:] == (
+        "-m",
+        "pytest",
+        "tests/unit",
+        "tests/upstream",
+        "-n",
+        noxfile.PARALLEL_WORKERS,
+        noxfile.DURATIONS,
+    )
+    assert commands[3][1:5] == ("-m", "pytest", "tests/cpu", "tests/e2e_cpu")
+    assert commands[5][1:] == (
         "-m",
         "pytest",
         "tests/cpu",
@@ -89,4 +101,4 @@ def test_tests_session_checks_before_it_regenerates() -> None:
         noxfile.DURATIONS,
     )
     # one release: no further leg
-    assert len(_commands({"0.26.0": "py-0.26"})) == 3
+    assert len(_commands({"0.26.0": "py-0.26"})) == 4
