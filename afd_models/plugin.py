@@ -9,18 +9,39 @@ never breaks, or logs into, a vLLM run that does not use AFD. The AFD workers ch
 
 from __future__ import annotations
 
-#: the package of the generated model modules (one per upstream model module the overlay mirrors)
-GENERATED_MODELS = "afd_models._generated.vllm.model_executor.models"
+#: the package of the generated modules: each mirrors the upstream module it subclasses
+GENERATED = "afd_models._generated.vllm"
 
-#: native architecture -> (AFD architecture name, ``module:Class`` under GENERATED_MODELS).
+#: native architecture -> (AFD architecture name, ``module:Class`` under GENERATED).
 #: A new model family is one overlay file plus its entries here (docs/maintainers.md).
 AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "DeepseekForCausalLM": ("AFDDeepseekForCausalLM", "deepseek_v2:AFDDeepseekForCausalLM"),
-    "DeepseekV2ForCausalLM": ("AFDDeepseekV2ForCausalLM", "deepseek_v2:AFDDeepseekV2ForCausalLM"),
-    "DeepseekV3ForCausalLM": ("AFDDeepseekV3ForCausalLM", "deepseek_v2:AFDDeepseekV3ForCausalLM"),
+    "DeepseekForCausalLM": (
+        "AFDDeepseekForCausalLM",
+        "model_executor.models.deepseek_v2:AFDDeepseekForCausalLM",
+    ),
+    "DeepseekV2ForCausalLM": (
+        "AFDDeepseekV2ForCausalLM",
+        "model_executor.models.deepseek_v2:AFDDeepseekV2ForCausalLM",
+    ),
+    "DeepseekV3ForCausalLM": (
+        "AFDDeepseekV3ForCausalLM",
+        "model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM",
+    ),
     # vLLM 0.26 serves V3.2 with its V3 class (the sparse indexer is switched by the config)
-    "DeepseekV32ForCausalLM": ("AFDDeepseekV32ForCausalLM", "deepseek_v2:AFDDeepseekV3ForCausalLM"),
-    "Qwen3MoeForCausalLM": ("AFDQwen3MoeForCausalLM", "qwen3_moe:AFDQwen3MoeForCausalLM"),
+    "DeepseekV32ForCausalLM": (
+        "AFDDeepseekV32ForCausalLM",
+        "model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM",
+    ),
+    # vLLM picks V4's implementation by platform (vllm/models/deepseek_v4/__init__.py); AFD
+    # has an overlay of the CPU one
+    "DeepseekV4ForCausalLM": (
+        "AFDDeepseekV4ForCausalLM",
+        "models.deepseek_v4.cpu.model:AFDDeepseekV4ForCausalLM",
+    ),
+    "Qwen3MoeForCausalLM": (
+        "AFDQwen3MoeForCausalLM",
+        "model_executor.models.qwen3_moe:AFDQwen3MoeForCausalLM",
+    ),
 }
 
 
@@ -29,6 +50,28 @@ AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
 #: refused by name until an overlay of the new class exists.
 OWN_CLASS_SINCE: dict[str, tuple[str, str]] = {
     "DeepseekV32ForCausalLM": ("0.30", "vllm.models.deepseek_v32"),
+}
+
+#: native architecture -> the first vLLM release that has it: AFD's class is generated from there
+FIRST_RELEASE: dict[str, str] = {
+    "DeepseekV4ForCausalLM": "0.30",
+}
+
+#: native architecture -> the platforms (vLLM device types) whose implementation AFD's class is
+#: generated from; an architecture not named here is served on every platform
+PLATFORMS: dict[str, tuple[str, ...]] = {
+    "DeepseekV4ForCausalLM": ("cpu",),
+}
+
+
+#: (native architecture, device type) -> (the vLLM releases, as ``major.minor``, whose own model
+#: of it fails on that platform, why): AFD refuses it there by name, before an engine starts
+UPSTREAM_CANNOT_RUN: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("DeepseekV4ForCausalLM", "cpu"): (
+        ("0.30", "0.32"),
+        "vLLM's own DeepSeek-V4 fails its first step on the CPU platform: its attention metadata "
+        "kernels are Triton-only (docs/reports/deepseek-v4-on-cpu.md)",
+    ),
 }
 
 
@@ -40,24 +83,26 @@ def release_numbers(version: str) -> tuple[int, ...]:
 
 def served_on(vllm_version: str) -> dict[str, tuple[str, str]]:
     """The entries of AFD_ARCHITECTURES that vLLM ``vllm_version`` is served with."""
+    release = release_numbers(vllm_version)
     return {
         native: entry
         for native, entry in AFD_ARCHITECTURES.items()
-        if native not in OWN_CLASS_SINCE
-        or release_numbers(vllm_version) < release_numbers(OWN_CLASS_SINCE[native][0])
+        if (native not in OWN_CLASS_SINCE or release < release_numbers(OWN_CLASS_SINCE[native][0]))
+        and (native not in FIRST_RELEASE or release >= release_numbers(FIRST_RELEASE[native]))
     }
 
 
 def registrations(vllm_version: str) -> dict[str, str]:
     """AFD architecture name -> ``module:Class`` path, as registered on vLLM ``vllm_version``."""
-    return {afd: f"{GENERATED_MODELS}.{path}" for afd, path in served_on(vllm_version).values()}
+    return {afd: f"{GENERATED}.{path}" for afd, path in served_on(vllm_version).values()}
 
 
-def afd_architecture(native: str, vllm_version: str) -> str:
-    """The AFD architecture name for a native one on vLLM ``vllm_version``.
+def afd_architecture(native: str, vllm_version: str, device_type: str) -> str:
+    """The AFD architecture name for a native one on vLLM ``vllm_version``, on the platform of
+    ``device_type`` (``current_platform.device_type``).
 
     Raises:
-        ValueError: the architecture has no AFD model on that release.
+        ValueError: the architecture has no AFD model on that release or platform.
     """
     if native in OWN_CLASS_SINCE and native not in served_on(vllm_version):
         since, package = OWN_CLASS_SINCE[native]
@@ -66,9 +111,27 @@ def afd_architecture(native: str, vllm_version: str) -> str:
             f"({package}, since {since}), which AFD has no overlay of yet; AFD serves it on "
             f"vLLM releases before {since} only"
         )
+    if native in FIRST_RELEASE and native not in served_on(vllm_version):
+        raise ValueError(
+            f"architecture {native!r} has no model class in vLLM {vllm_version}; vLLM and AFD "
+            f"serve it from {FIRST_RELEASE[native]}"
+        )
     if native not in AFD_ARCHITECTURES:
         raise ValueError(
             f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(AFD_ARCHITECTURES))}"
+        )
+    platforms = PLATFORMS.get(native)
+    if platforms is not None and device_type not in platforms:
+        raise ValueError(
+            f"architecture {native!r} has an AFD model for vLLM's {', '.join(platforms)} "
+            f"implementation only, not for this platform ({device_type!r})"
+        )
+    releases, why = UPSTREAM_CANNOT_RUN.get((native, device_type), ((), ""))
+    if release_numbers(vllm_version)[:2] in {release_numbers(r) for r in releases}:
+        raise ValueError(
+            f"architecture {native!r} cannot be served on vLLM {vllm_version} ({device_type}): "
+            f"{why}; AFD's classes for it are generated and checked, and serve once a vLLM "
+            "release runs it there"
         )
     return AFD_ARCHITECTURES[native][0]
 

@@ -12,12 +12,14 @@ from torch import nn
 from vllm.model_executor.models.utils import PPMissingLayer
 
 
-def ffn_layers(model: nn.Module) -> list[int]:
-    """The layers of causal LM ``model`` whose MLP or MoE this role computes, in forward order."""
+def ffn_layers(model: nn.Module, block: str = "mlp") -> list[int]:
+    """The layers of causal LM ``model`` whose MLP or MoE this role computes, in forward order;
+    ``block``: the decoder layer's attribute that holds it (``ffn`` in DeepSeek-V4)."""
     return [
         index
         for index, layer in enumerate(model.model.layers)
-        if not isinstance(layer, PPMissingLayer) and not isinstance(layer.mlp, PPMissingLayer)
+        if not isinstance(layer, PPMissingLayer)
+        and not isinstance(getattr(layer, block), PPMissingLayer)
     ]
 
 
@@ -30,16 +32,21 @@ def token_id_layers(model: nn.Module) -> list[int]:
 
 
 def moe_output(
-    moe: nn.Module, hidden_states: torch.Tensor, router_logits: torch.Tensor | None
+    moe: nn.Module,
+    hidden_states: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    token_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MoE block ``moe``'s output for received hidden states, routed by its own gate, or by the
     received router logits when the gate runs on Attention (its experts then take an external
-    router)."""
+    router). ``token_ids``: the tokens' ids at a layer that routes by them (DeepSeek-V4's hash
+    layers), passed as the block's forward and experts take them (``input_ids``)."""
+    by_ids = {} if token_ids is None else {"input_ids": token_ids}
     if router_logits is None:
-        output: torch.Tensor = moe.forward(hidden_states)
+        output: torch.Tensor = moe.forward(hidden_states, **by_ids)
         return output
     num_tokens, hidden_dim = hidden_states.shape
     output = moe.experts(
-        hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits
+        hidden_states=hidden_states.view(-1, hidden_dim), router_logits=router_logits, **by_ids
     )
     return output.view(num_tokens, hidden_dim)

@@ -6,7 +6,7 @@ import pytest
 
 from afd_models.plugin import (
     AFD_ARCHITECTURES,
-    GENERATED_MODELS,
+    GENERATED,
     afd_architecture,
     registrations,
     release_numbers,
@@ -29,17 +29,17 @@ def test_release_numbers(version: str, numbers: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.28.0+cpu"])
 def test_v32_is_served_with_the_v3_class_before_it_has_its_own(version: str) -> None:
-    assert afd_architecture("DeepseekV32ForCausalLM", version) == "AFDDeepseekV32ForCausalLM"
+    assert afd_architecture("DeepseekV32ForCausalLM", version, "cpu") == "AFDDeepseekV32ForCausalLM"
     assert registrations(version)["AFDDeepseekV32ForCausalLM"] == (
-        f"{GENERATED_MODELS}.deepseek_v2:AFDDeepseekV3ForCausalLM"
+        f"{GENERATED}.model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM"
     )
-    assert set(served_on(version)) == set(AFD_ARCHITECTURES)
+    assert set(served_on(version)) == set(AFD_ARCHITECTURES) - {"DeepseekV4ForCausalLM"}
 
 
 @pytest.mark.parametrize("version", ["0.30.0+cpu", "0.32.0"])
 def test_v32_is_refused_by_name_where_vllm_gives_it_its_own_class(version: str) -> None:
     with pytest.raises(ValueError) as refused:
-        afd_architecture("DeepseekV32ForCausalLM", version)
+        afd_architecture("DeepseekV32ForCausalLM", version, "cpu")
     assert str(refused.value) == (
         f"architecture 'DeepseekV32ForCausalLM' has a model class of its own in vLLM {version} "
         "(vllm.models.deepseek_v32, since 0.30), which AFD has no overlay of yet; AFD serves it "
@@ -47,10 +47,44 @@ def test_v32_is_refused_by_name_where_vllm_gives_it_its_own_class(version: str) 
     )
     assert "AFDDeepseekV32ForCausalLM" not in registrations(version)
     # the other architectures are served as before
-    assert afd_architecture("DeepseekV3ForCausalLM", version) == "AFDDeepseekV3ForCausalLM"
+    assert afd_architecture("DeepseekV3ForCausalLM", version, "cuda") == "AFDDeepseekV3ForCausalLM"
     assert set(served_on(version)) == set(AFD_ARCHITECTURES) - {"DeepseekV32ForCausalLM"}
 
 
 def test_an_architecture_without_an_afd_model_is_refused() -> None:
     with pytest.raises(ValueError, match="'LlamaForCausalLM' has no AFD model; supported: "):
-        afd_architecture("LlamaForCausalLM", "0.26.0")
+        afd_architecture("LlamaForCausalLM", "0.26.0", "cpu")
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.28.0"])
+def test_v4_is_refused_by_name_before_vllm_has_it(version: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        afd_architecture("DeepseekV4ForCausalLM", version, "cpu")
+    assert str(refused.value) == (
+        f"architecture 'DeepseekV4ForCausalLM' has no model class in vLLM {version}; vLLM and "
+        "AFD serve it from 0.30"
+    )
+    assert "AFDDeepseekV4ForCausalLM" not in registrations(version)
+
+
+@pytest.mark.parametrize("version", ["0.30.0+cpu", "0.32.0"])
+def test_v4_is_registered_from_030_for_the_cpu_implementation(version: str) -> None:
+    """Registered (the class is generated and checked there), refused by name on CUDA, which it
+    has no overlay for, and on the CPU releases whose own V4 cannot run a step."""
+    assert registrations(version)["AFDDeepseekV4ForCausalLM"] == (
+        f"{GENERATED}.models.deepseek_v4.cpu.model:AFDDeepseekV4ForCausalLM"
+    )
+    with pytest.raises(
+        ValueError, match=r"for vLLM's cpu implementation only, not for this platform \('cuda'\)"
+    ):
+        afd_architecture("DeepseekV4ForCausalLM", version, "cuda")
+    with pytest.raises(ValueError) as refused:
+        afd_architecture("DeepseekV4ForCausalLM", version, "cpu")
+    assert str(refused.value).startswith(
+        f"architecture 'DeepseekV4ForCausalLM' cannot be served on vLLM {version} (cpu): vLLM's "
+        "own DeepSeek-V4 fails its first step on the CPU platform"
+    )
+
+
+def test_v4_is_served_on_a_cpu_release_not_known_to_fail() -> None:
+    assert afd_architecture("DeepseekV4ForCausalLM", "0.34.0", "cpu") == "AFDDeepseekV4ForCausalLM"

@@ -59,13 +59,13 @@ def check_fields(config: dict[str, Any]) -> None:
     if vllm_version is None:
         raise VerifyError("vLLM is not installed here; verify runs in a CPU env with vLLM")
     served = served_on(vllm_version)
+    if len(architectures) == 1 and architectures[0] in AFD_ARCHITECTURES:
+        # served on this release and the CPU platform, or refused saying why not
+        try:
+            afd_architecture(architectures[0], vllm_version, "cpu")
+        except ValueError as exc:
+            raise VerifyError(f"architectures={architectures!r}: {exc}") from None
     if len(architectures) != 1 or architectures[0] not in served:
-        refused = architectures[0] if len(architectures) == 1 else None
-        if refused in AFD_ARCHITECTURES:  # one vLLM gave a class of its own: say which and why
-            try:
-                afd_architecture(refused, vllm_version)
-            except ValueError as exc:
-                raise VerifyError(f"architectures={architectures!r}: {exc}") from None
         raise VerifyError(
             f"architectures={architectures!r} is not an architecture with an AFD model; "
             f"allowed: one of {sorted(served)}"
