@@ -27,7 +27,8 @@ AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
         "AFDDeepseekV3ForCausalLM",
         "model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM",
     ),
-    # vLLM 0.26 serves V3.2 with its V3 class (the sparse indexer is switched by the config)
+    # before 0.30 vLLM serves V3.2 with its V3 class (the sparse indexer is switched by the
+    # config); from 0.30 AFD serves its overlay of V3.2's own class (OWN_CLASS_SINCE)
     "DeepseekV32ForCausalLM": (
         "AFDDeepseekV32ForCausalLM",
         "model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM",
@@ -45,11 +46,17 @@ AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
 }
 
 
-#: native architecture -> (the first vLLM release that gives it a model class of its own, that
-#: class's package): AFD maps it above only on the releases before; from that release on it is
-#: refused by name until an overlay of the new class exists.
-OWN_CLASS_SINCE: dict[str, tuple[str, str]] = {
-    "DeepseekV32ForCausalLM": ("0.30", "vllm.models.deepseek_v32"),
+#: native architecture -> (the first vLLM release that gives it a model class of its own, the
+#: ``module:Class`` under GENERATED of AFD's overlay of that class, the platforms vLLM picks that
+#: class on): AFD serves it as AFD_ARCHITECTURES says on the releases before, with the overlay
+#: from then on, and refuses it by name on the other platforms
+OWN_CLASS_SINCE: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # vLLM 0.30's vllm/models/deepseek_v32/__init__.py: the DSA class on CUDA, the V3 class elsewhere
+    "DeepseekV32ForCausalLM": (
+        "0.30",
+        "models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM",
+        ("cuda",),
+    ),
 }
 
 #: native architecture -> the first vLLM release that has it: AFD's class is generated from there
@@ -75,6 +82,18 @@ UPSTREAM_CANNOT_RUN: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
 }
 
 
+#: AFD class (``module:Class`` under GENERATED) -> why it serves one tensor-parallel lane per role:
+#: the AFD workers refuse ``--tensor-parallel-size`` above 1 for it, before an engine starts
+SINGLE_LANE: dict[str, str] = {
+    "models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM": (
+        "vLLM's DeepSeek-V3.2 decoder layers leave their MoE and dense MLP outputs unreduced "
+        "across tensor-parallel ranks and fold the all-reduce into the next layer's norm, while "
+        "AFD's exchange hands every lane the whole output, which that all-reduce would add up "
+        "once per lane"
+    ),
+}
+
+
 def release_numbers(version: str) -> tuple[int, ...]:
     """``0.30.0+cpu`` -> ``(0, 30, 0)``: the release numbers, for comparing two releases."""
     numbers = version.split("+", 1)[0].split("rc", 1)[0].split(".")
@@ -82,14 +101,26 @@ def release_numbers(version: str) -> tuple[int, ...]:
 
 
 def served_on(vllm_version: str) -> dict[str, tuple[str, str]]:
-    """The entries of AFD_ARCHITECTURES that vLLM ``vllm_version`` is served with."""
+    """The entries of AFD_ARCHITECTURES that vLLM ``vllm_version`` is served with (AFD name,
+    ``module:Class`` under GENERATED), on any platform."""
     release = release_numbers(vllm_version)
-    return {
-        native: entry
-        for native, entry in AFD_ARCHITECTURES.items()
-        if (native not in OWN_CLASS_SINCE or release < release_numbers(OWN_CLASS_SINCE[native][0]))
-        and (native not in FIRST_RELEASE or release >= release_numbers(FIRST_RELEASE[native]))
-    }
+    served = {}
+    for native, (afd_name, path) in AFD_ARCHITECTURES.items():
+        if native in FIRST_RELEASE and release < release_numbers(FIRST_RELEASE[native]):
+            continue
+        if native in OWN_CLASS_SINCE and release >= release_numbers(OWN_CLASS_SINCE[native][0]):
+            path = OWN_CLASS_SINCE[native][1]
+        served[native] = (afd_name, path)
+    return served
+
+
+def served_platforms(native: str, vllm_version: str) -> tuple[str, ...] | None:
+    """The platforms (vLLM device types) whose implementation of ``native`` AFD's class on vLLM
+    ``vllm_version`` is generated from; None: every platform."""
+    own = OWN_CLASS_SINCE.get(native)
+    if own is not None and release_numbers(vllm_version) >= release_numbers(own[0]):
+        return own[2]
+    return PLATFORMS.get(native)
 
 
 def registrations(vllm_version: str) -> dict[str, str]:
@@ -97,20 +128,16 @@ def registrations(vllm_version: str) -> dict[str, str]:
     return {afd: f"{GENERATED}.{path}" for afd, path in served_on(vllm_version).values()}
 
 
-def afd_architecture(native: str, vllm_version: str, device_type: str) -> str:
+def afd_architecture(
+    native: str, vllm_version: str, device_type: str, *, tensor_parallel_size: int = 1
+) -> str:
     """The AFD architecture name for a native one on vLLM ``vllm_version``, on the platform of
-    ``device_type`` (``current_platform.device_type``).
+    ``device_type`` (``current_platform.device_type``), for engines of ``tensor_parallel_size``.
 
     Raises:
-        ValueError: the architecture has no AFD model on that release or platform.
+        ValueError: the architecture has no AFD model on that release or platform, or not for
+            that many tensor-parallel ranks.
     """
-    if native in OWN_CLASS_SINCE and native not in served_on(vllm_version):
-        since, package = OWN_CLASS_SINCE[native]
-        raise ValueError(
-            f"architecture {native!r} has a model class of its own in vLLM {vllm_version} "
-            f"({package}, since {since}), which AFD has no overlay of yet; AFD serves it on "
-            f"vLLM releases before {since} only"
-        )
     if native in FIRST_RELEASE and native not in served_on(vllm_version):
         raise ValueError(
             f"architecture {native!r} has no model class in vLLM {vllm_version}; vLLM and AFD "
@@ -120,7 +147,7 @@ def afd_architecture(native: str, vllm_version: str, device_type: str) -> str:
         raise ValueError(
             f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(AFD_ARCHITECTURES))}"
         )
-    platforms = PLATFORMS.get(native)
+    platforms = served_platforms(native, vllm_version)
     if platforms is not None and device_type not in platforms:
         raise ValueError(
             f"architecture {native!r} has an AFD model for vLLM's {', '.join(platforms)} "
@@ -132,6 +159,12 @@ def afd_architecture(native: str, vllm_version: str, device_type: str) -> str:
             f"architecture {native!r} cannot be served on vLLM {vllm_version} ({device_type}): "
             f"{why}; AFD's classes for it are generated and checked, and serve once a vLLM "
             "release runs it there"
+        )
+    single_lane = SINGLE_LANE.get(served_on(vllm_version)[native][1])
+    if single_lane is not None and tensor_parallel_size > 1:
+        raise ValueError(
+            f"--tensor-parallel-size={tensor_parallel_size} is not supported with AFD for "
+            f"architecture {native!r} on vLLM {vllm_version}: {single_lane}; allowed: 1"
         )
     return AFD_ARCHITECTURES[native][0]
 

@@ -75,7 +75,12 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
     from vllm.platforms import current_platform
 
     try:
-        target = afd_architecture(architectures[0], vllm_version, current_platform.device_type)
+        target = afd_architecture(
+            architectures[0],
+            vllm_version,
+            current_platform.device_type,
+            tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        )
     except ValueError as exc:
         raise AFDConfigError(f"model {model_config.model!r}: {exc}") from exc
     if model_config.use_mla and current_platform.is_cpu():

@@ -143,6 +143,9 @@ def runtime_findings(
     registered = {}
     paths = plugin.registrations(__version__)
     for native, (afd_name, _) in plugin.served_on(__version__).items():
+        platforms = plugin.served_platforms(native, __version__)
+        if platforms is not None and current_platform.device_type not in platforms:
+            continue  # vLLM's registration stands for another platform's class here
         lazy: Any = ModelRegistry.models[native]  # vLLM's lazily imported registration
         registered[paths[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
     # a pinned package that is not installed (vLLM-Ascend off an Ascend host) cannot be imported:

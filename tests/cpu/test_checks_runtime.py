@@ -55,9 +55,11 @@ def test_plugin_registers_afd_names_only(vllm_env: dict[str, str]) -> None:
     assert table["AFDDeepseekV2ForCausalLM"] == f"{generated}:AFDDeepseekV2ForCausalLM"
     if release_numbers(installed_vllm()) < (0, 30):  # V3.2 runs on vLLM's V3 class
         assert table["AFDDeepseekV32ForCausalLM"] == f"{generated}:AFDDeepseekV3ForCausalLM"
-    else:  # V3.2 has a class of its own, which AFD has no overlay of: no AFD name
+    else:  # V3.2 has a class of its own on CUDA, which AFD serves its overlay of
         assert table["DeepseekV32ForCausalLM"] == "vllm.models.deepseek_v32:DeepseekV32ForCausalLM"
-        assert "AFDDeepseekV32ForCausalLM" not in table
+        assert table["AFDDeepseekV32ForCausalLM"] == (
+            "afd_models._generated.vllm.models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM"
+        )
     assert (
         table["Qwen3MoeForCausalLM"] == "vllm.model_executor.models.qwen3_moe:Qwen3MoeForCausalLM"
     )

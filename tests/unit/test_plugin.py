@@ -30,6 +30,11 @@ def test_release_numbers(version: str, numbers: tuple[int, ...]) -> None:
 @pytest.mark.parametrize("version", ["0.26.0", "0.28.0+cpu"])
 def test_v32_is_served_with_the_v3_class_before_it_has_its_own(version: str) -> None:
     assert afd_architecture("DeepseekV32ForCausalLM", version, "cpu") == "AFDDeepseekV32ForCausalLM"
+    # the V3 class reduces its MoE output itself: several lanes are served
+    assert (
+        afd_architecture("DeepseekV32ForCausalLM", version, "cuda", tensor_parallel_size=2)
+        == "AFDDeepseekV32ForCausalLM"
+    )
     assert registrations(version)["AFDDeepseekV32ForCausalLM"] == (
         f"{GENERATED}.model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM"
     )
@@ -37,18 +42,35 @@ def test_v32_is_served_with_the_v3_class_before_it_has_its_own(version: str) -> 
 
 
 @pytest.mark.parametrize("version", ["0.30.0+cpu", "0.32.0"])
-def test_v32_is_refused_by_name_where_vllm_gives_it_its_own_class(version: str) -> None:
+def test_v32_is_served_from_its_own_cuda_class_where_vllm_gives_it_one(version: str) -> None:
+    """From 0.30 vLLM picks V3.2's own class on CUDA and the V3 class elsewhere: AFD serves its
+    overlay of the CUDA class, on CUDA only, with one tensor-parallel lane per role."""
+    assert registrations(version)["AFDDeepseekV32ForCausalLM"] == (
+        f"{GENERATED}.models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM"
+    )
+    assert (
+        afd_architecture("DeepseekV32ForCausalLM", version, "cuda") == "AFDDeepseekV32ForCausalLM"
+    )
     with pytest.raises(ValueError) as refused:
         afd_architecture("DeepseekV32ForCausalLM", version, "cpu")
     assert str(refused.value) == (
-        f"architecture 'DeepseekV32ForCausalLM' has a model class of its own in vLLM {version} "
-        "(vllm.models.deepseek_v32, since 0.30), which AFD has no overlay of yet; AFD serves it "
-        "on vLLM releases before 0.30 only"
+        "architecture 'DeepseekV32ForCausalLM' has an AFD model for vLLM's cuda implementation "
+        "only, not for this platform ('cpu')"
     )
-    assert "AFDDeepseekV32ForCausalLM" not in registrations(version)
-    # the other architectures are served as before
-    assert afd_architecture("DeepseekV3ForCausalLM", version, "cuda") == "AFDDeepseekV3ForCausalLM"
-    assert set(served_on(version)) == set(AFD_ARCHITECTURES) - {"DeepseekV32ForCausalLM"}
+    with pytest.raises(ValueError) as refused:
+        afd_architecture("DeepseekV32ForCausalLM", version, "cuda", tensor_parallel_size=2)
+    assert str(refused.value).startswith(
+        f"--tensor-parallel-size=2 is not supported with AFD for architecture "
+        f"'DeepseekV32ForCausalLM' on vLLM {version}: vLLM's DeepSeek-V3.2 decoder layers leave "
+        "their MoE and dense MLP outputs unreduced"
+    )
+    assert str(refused.value).endswith("; allowed: 1")
+    # the other architectures are served as before, with several lanes too
+    assert (
+        afd_architecture("DeepseekV3ForCausalLM", version, "cuda", tensor_parallel_size=2)
+        == "AFDDeepseekV3ForCausalLM"
+    )
+    assert set(served_on(version)) == set(AFD_ARCHITECTURES)
 
 
 def test_an_architecture_without_an_afd_model_is_refused() -> None:

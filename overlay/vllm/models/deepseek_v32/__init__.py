@@ -1,0 +1,1 @@
+"""Overlay package (parsed by codegen, never imported at run time)."""

@@ -1,0 +1,208 @@
+"""DeepSeek-V3.2's AFD classes (generated from ``vllm/models/deepseek_v32/nvidia/model.py``, vLLM
+0.30+) in the real engine's modules, on the CPU platform.
+
+From 0.30 vLLM gives V3.2 a CUDA class of its own (its DSA sparse attention, which the CPU platform
+refuses to build), and AFD serves its overlay, on CUDA only. What runs here is the FFN role, which
+builds nothing of attention: vLLM's loader builds the generated FFN-role causal LM with dummy
+weights, and the FFN server's entry point computes each layer's MLP or MoE, compared bitwise with
+vLLM's own modules run by their own forwards, with the gate on either role.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm import __version__ as vllm_version
+
+from afd_models.plugin import release_numbers
+from tests.engine import run_python
+
+pytestmark = [
+    pytest.mark.every_release,
+    pytest.mark.skipif(
+        release_numbers(vllm_version) < (0, 30),
+        reason=f"vLLM {vllm_version}: DeepSeek-V3.2 has a class of its own (and AFD an overlay) "
+        "from 0.30; before, AFD serves it with its V3 class",
+    ),
+]
+
+#: A tiny DeepSeek-V3.2: layer 0 dense, layers 1 and 2 MoE, with the indexer fields its attention
+#: (not built here) needs.
+TINY_V32 = {
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "model_type": "deepseek_v32",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "index_topk": 64,
+    "index_n_heads": 4,
+    "index_head_dim": 32,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+_CHILD = """
+import json, sys
+from pathlib import Path
+
+import torch
+from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.model_loader import get_model_loader
+from vllm.plugins import load_general_plugins
+
+from afd_models.cli.tiny_models import build_tokenizer
+from afd_models.config import AFDConfigError, Role
+from afd_models.connectors.base import LayerInput
+from afd_models.ffn_server import ffn_output
+from afd_models.worker_config import prepare_worker_config
+
+out = Path(sys.argv[1])
+out.mkdir(exist_ok=True)
+(out / "config.json").write_text(json.dumps(TINY_V32))
+build_tokenizer(out, TINY_V32["vocab_size"])
+LAYERS = range(TINY_V32["num_hidden_layers"])
+
+def engine_config(role, gate_on_attention=False):
+    return VllmConfig(
+        model_config=ModelConfig(model=str(out), dtype="bfloat16", enforce_eager=True),
+        load_config=LoadConfig(load_format="dummy"),
+        additional_config={"afd": {"role": role, "compute_gate_on_attention": gate_on_attention}},
+    )
+
+with set_current_vllm_config(engine_config("ffn")):
+    init_distributed_environment(1, 0, "tcp://127.0.0.1:" + sys.argv[2], 0, "gloo")
+    initialize_model_parallel(1, 1)
+
+# the workers refuse V3.2 here: AFD's class is of vLLM's CUDA implementation
+try:
+    prepare_worker_config(engine_config("ffn"), Role.FFN)
+    result = {"worker_refusal": None}
+except AFDConfigError as error:
+    result = {"worker_refusal": str(error)}
+
+load_general_plugins()
+
+def load(gate_on_attention):
+    # vLLM's loader builds the AFD class the workers ask for, with its dummy weights (a seeded
+    # value per tensor shape, so both builds' experts are equal)
+    config = engine_config("ffn", gate_on_attention)
+    config = config.with_hf_config(
+        config.model_config.hf_config, architectures=["AFDDeepseekV32ForCausalLM"]
+    )
+    torch.manual_seed(0)
+    with set_current_vllm_config(config):
+        model = get_model_loader(config.load_config).load_model(
+            vllm_config=config, model_config=config.model_config
+        )
+    return config, model
+
+torch.manual_seed(1)
+x = torch.randn(7, TINY_V32["hidden_size"]).to(torch.bfloat16)
+# the reference: with the gate on FFN, the FFN role's layers are vLLM's own DeepseekV2MLP and
+# DeepseekV2MoE as upstream builds them (the generated constructors change nothing then), each
+# run by its own forward
+reference_config, reference = load(False)
+with torch.inference_mode(), set_forward_context(None, reference_config, num_tokens=7):
+    # MoE kernels may work in place: every call gets its own input and keeps its own output
+    expected = {i: reference.model.layers[i].mlp(x.clone()).clone() for i in LAYERS}
+for gate_on_attention in (False, True):
+    config, model = load(gate_on_attention)
+    layers = model.model.layers
+    with torch.inference_mode(), set_forward_context(None, config, num_tokens=7):
+        got = {}
+        for i in model.ffn_layer_indices():
+            # with the gate on Attention the MoE blocks' gates are still built here (they own
+            # the routing bias): they give the logits the Attention role would send
+            logits = layers[i].mlp.gate(x.clone())[0] if gate_on_attention else None
+            got[i] = ffn_output(model, i, LayerInput(x.clone(), logits, None)).clone()
+    result["gate_on_attention" if gate_on_attention else "gate_on_ffn"] = {
+        "class": type(model).__name__,
+        "ffn_layers": model.ffn_layer_indices(),
+        "mlp": [type(layer.mlp).__name__ for layer in layers],
+        "attention": [type(layer.self_attn).__name__ for layer in layers],
+        "head": [type(m).__name__ for m in (model.model.embed_tokens, model.model.norm, model.lm_head)],
+        "indexer_buffer": model.model.topk_indices_buffer is not None,
+        "equal": [torch.equal(got[i], expected[i]) for i in got],
+        "max_diff": [float((got[i].float() - expected[i].float()).abs().max()) for i in got],
+    }
+print("RESULT " + json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def v32(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = f"TINY_V32 = {TINY_V32!r}\n" + _CHILD
+    model_dir = tmp_path_factory.mktemp("tiny-v32") / "model"
+    result = run_python(
+        f"import sys; sys.argv = ['v32', {str(model_dir)!r}, '{port}']\n" + code, vllm_env
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stderr[-6000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize("placement", ["gate_on_ffn", "gate_on_attention"])
+def test_the_ffn_role_builds_only_its_half(v32: dict, placement: str) -> None:
+    """vLLM's loader builds the generated V3.2 causal LM on the FFN role: no attention, indexer
+    buffer, embedding, final norm or lm_head; the MoE blocks, and the dense MLP when the gate
+    (with which dense layers go) runs here."""
+    model = v32[placement]
+    assert model["class"] == "AFDDeepseekV32ForCausalLM"
+    assert model["attention"] == ["PPMissingLayer"] * 3
+    assert model["head"] == ["PPMissingLayer"] * 3
+    assert not model["indexer_buffer"]
+    moe = ["AFDFFNDeepseekV2MoE"] * 2
+    if placement == "gate_on_ffn":
+        assert model["ffn_layers"] == [0, 1, 2]
+        assert model["mlp"] == ["DeepseekV2MLP", *moe]
+    else:
+        assert model["ffn_layers"] == [1, 2]
+        assert model["mlp"] == ["PPMissingLayer", *moe]
+
+
+@pytest.mark.parametrize("placement", ["gate_on_ffn", "gate_on_attention"])
+def test_the_ffn_server_computes_what_vllms_modules_do(v32: dict, placement: str) -> None:
+    """The FFN server's entry point (with the router logits the Attention role would send, when
+    the gate runs there) equals vLLM's own modules' forwards bitwise, layer by layer."""
+    model = v32[placement]
+    assert model["equal"] == [True] * len(model["ffn_layers"]), model["max_diff"]
+
+
+def test_the_workers_refuse_v32_off_cuda(v32: dict) -> None:
+    assert v32["worker_refusal"].endswith(
+        "architecture 'DeepseekV32ForCausalLM' has an AFD model for vLLM's cuda implementation "
+        "only, not for this platform ('cpu')"
+    )
