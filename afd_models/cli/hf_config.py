@@ -20,6 +20,10 @@ def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**resolved, **config}
 
 
+def is_deepseek_v4(config: Mapping[str, Any]) -> bool:
+    return config.get("model_type") == "deepseek_v4"
+
+
 def is_qwen3_moe(config: Mapping[str, Any]) -> bool:
     return config.get("model_type") == "qwen3_moe"
 

@@ -1,4 +1,4 @@
-"""Tiny random DeepSeek and Qwen3-MoE checkpoints (HF layout) with a locally trained tokenizer.
+"""Tiny random DeepSeek (V2, V3, V4) and Qwen3-MoE checkpoints (HF layout) with a locally trained tokenizer.
 
 Operators (``docs/user-guide.md``), the demo, ``verify``, benchmarks and tests build their models
 here; nothing comes from a hub.
@@ -23,6 +23,7 @@ from typing import Any
 
 from afd_models.cli.hf_config import (
     effective_config,
+    is_deepseek_v4,
     is_moe_layer,
     is_qwen3_moe,
     routed_experts,
@@ -105,6 +106,52 @@ QWEN3_MOE_CONFIG: dict[str, Any] = {
     "use_cache": True,
 }
 
+#: DeepSeek-V4 (vLLM 0.30+, ``vllm/models/deepseek_v4``), at the smallest sizes vLLM's CPU kernels
+#: take (docs/reports/deepseek-v4-on-cpu.md): layer 0 routes by token id (``num_hash_layers``),
+#: layers 1 and 2 by bias-corrected scores; the layers' attention is sliding-window only,
+#: compressed 4x with the sparse indexer, and compressed 128x (``compress_ratios``).
+DEEPSEEK_V4_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 128,
+    "o_lora_rank": 128,
+    "o_groups": 2,
+    "n_routed_experts": 64,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "num_hash_layers": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sqrtsoftplus",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "index_head_dim": 128,
+    "index_n_heads": 4,
+    "index_topk": 512,
+    "compress_ratios": [0, 4, 128],
+    "sliding_window": 128,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "initializer_range": 0.02,
+}
+
 #: A variant value that removes the key from the config.
 ABSENT = object()
 
@@ -152,6 +199,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     # Qwen3-MoE: one dense layer (mlp_only_layers), two MoE layers.
     "qwen3-moe": (QWEN3_MOE_CONFIG, {}),
+    # DeepSeek-V4: a hash-routed MoE layer and two scored ones (vLLM 0.30+).
+    "v4": (DEEPSEEK_V4_CONFIG, {}),
     # Qwen3-MoE with every second layer dense (decoder_sparse_step), plain softmax top-3 weights.
     "qwen3-moe-sparse": (
         QWEN3_MOE_CONFIG,
@@ -212,6 +261,8 @@ def build_weights(
     """
     import torch
 
+    if is_deepseek_v4(config):
+        return _deepseek_v4_weights(config, seed, dtype, margin_scale)
     generator = torch.Generator().manual_seed(seed)
     torch_dtype = getattr(torch, dtype)
     std = config["initializer_range"]
@@ -294,6 +345,100 @@ def build_weights(
     return weights
 
 
+def _deepseek_v4_weights(
+    config: Mapping[str, Any], seed: int, dtype: str, margin_scale: float
+) -> dict[str, Any]:
+    """DeepSeek-V4's checkpoint tensors in the original names (vLLM's V4 weights mapper reads
+    them): the multi-stream (``hc``) mixing, MLA with its output LoRA groups and sinks, each
+    compressed layer's compressor (and the 4x layers' indexer), the MoE gate with its hash
+    table (hash layers) or score bias (the others), shared and routed experts ``w1``/``w2``/``w3``.
+    The mixing, sink, compressor position and gate bias tensors are float32, as vLLM keeps them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    torch_dtype = getattr(torch, dtype)
+    std = config["initializer_range"]
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads, head_dim = config["num_attention_heads"], config["head_dim"]
+    q_rank, o_rank, o_groups = config["q_lora_rank"], config["o_lora_rank"], config["o_groups"]
+    streams = config["hc_mult"]
+    mix = (2 + streams) * streams  # per stream: pre and post weights, and the stream mixing
+    experts, top_k = config["n_routed_experts"], config["num_experts_per_tok"]
+    inner = config["moe_intermediate_size"]
+    index_heads, index_dim = config["index_n_heads"], config["index_head_dim"]
+
+    def rand(*shape: int, scale: float = 1.0, float32: bool = False) -> torch.Tensor:
+        values = torch.randn(*shape, generator=generator) * std * scale
+        return values if float32 else values.to(torch_dtype)
+
+    def ones(size: int) -> torch.Tensor:
+        return torch.ones(size, dtype=torch_dtype)
+
+    def hc(prefix: str, rows: int, scales: int) -> dict[str, torch.Tensor]:
+        return {
+            prefix + "_fn": rand(rows, streams * hidden, float32=True),
+            prefix + "_base": rand(rows, float32=True),
+            prefix + "_scale": torch.ones(scales),
+        }
+
+    def compressor(prefix: str, ratio: int, dim: int) -> dict[str, torch.Tensor]:
+        width = (2 if ratio == 4 else 1) * dim  # 4x compression overlaps its windows
+        return {
+            prefix + "wkv.weight": rand(width, hidden),
+            prefix + "wgate.weight": rand(width, hidden),
+            prefix + "ape": rand(ratio, width, float32=True),
+            prefix + "norm.weight": ones(dim),
+        }
+
+    weights: dict[str, torch.Tensor] = {
+        "embed.weight": rand(vocab, hidden),
+        "head.weight": rand(vocab, hidden, scale=margin_scale),
+        "norm.weight": ones(hidden),
+        **hc("hc_head", streams, 1),
+    }
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"layers.{layer}."
+        weights |= hc(prefix + "hc_attn", mix, 3) | hc(prefix + "hc_ffn", mix, 3)
+        weights[prefix + "attn_norm.weight"] = ones(hidden)
+        weights[prefix + "ffn_norm.weight"] = ones(hidden)
+        attn = prefix + "attn."
+        weights |= {
+            attn + "wq_a.weight": rand(q_rank, hidden),
+            attn + "q_norm.weight": ones(q_rank),
+            attn + "wq_b.weight": rand(heads * head_dim, q_rank),
+            attn + "wkv.weight": rand(head_dim, hidden),
+            attn + "kv_norm.weight": ones(head_dim),
+            attn + "wo_a.weight": rand(o_groups * o_rank, heads * head_dim // o_groups),
+            attn + "wo_b.weight": rand(hidden, o_groups * o_rank),
+            attn + "attn_sink": rand(heads, float32=True),
+        }
+        ratio = config["compress_ratios"][layer]
+        if ratio > 1:
+            weights |= compressor(attn + "compressor.", ratio, head_dim)
+        if ratio == 4:
+            indexer = attn + "indexer."
+            weights[indexer + "wq_b.weight"] = rand(index_heads * index_dim, q_rank)
+            weights[indexer + "weights_proj.weight"] = rand(index_heads, hidden)
+            weights |= compressor(indexer + "compressor.", ratio, index_dim)
+        ffn = prefix + "ffn."
+        weights[ffn + "gate.weight"] = rand(experts, hidden, scale=margin_scale)
+        if layer < config["num_hash_layers"]:
+            table = torch.randint(0, experts, (vocab, top_k), generator=generator)
+            weights[ffn + "gate.tid2eid"] = table.to(torch.int32)
+        else:
+            weights[ffn + "gate.bias"] = rand(experts, scale=5.0, float32=True)
+        shared = inner * config["n_shared_experts"]
+        weights[ffn + "shared_experts.w1.weight"] = rand(shared, hidden)
+        weights[ffn + "shared_experts.w3.weight"] = rand(shared, hidden)
+        weights[ffn + "shared_experts.w2.weight"] = rand(hidden, shared)
+        for expert in range(experts):
+            name = f"{ffn}experts.{expert}."
+            weights[name + "w1.weight"] = rand(inner, hidden)
+            weights[name + "w3.weight"] = rand(inner, hidden)
+            weights[name + "w2.weight"] = rand(hidden, inner)
+    return weights
+
+
 def build_tokenizer(out_dir: Path, vocab_size: int) -> int:
     """Train a byte-level BPE tokenizer on the fixed corpus and save it; returns its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -367,7 +512,9 @@ def write_checkpoint(
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    weights = build_weights(effective_config(config), seed, dtype, margin_scale)
+    # transformers has no DeepSeek-V4 config class (vLLM brings its own): its config is complete
+    full = config if is_deepseek_v4(config) else effective_config(config)
+    weights = build_weights(full, seed, dtype, margin_scale)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

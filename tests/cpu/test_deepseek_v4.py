@@ -3,8 +3,9 @@ in the real engine's modules, on the CPU platform.
 
 vLLM's own V4 does not run a forward step on its CPU releases (``docs/reports/deepseek-v4-on-cpu.md``:
 Triton-only attention metadata kernels), so neither a V4 pair nor ``verify`` can run here. What runs
-is everything on AFD's side of the split, in both roles' models built by vLLM's loader (dummy
-weights): the Attention role's MoE blocks (vLLM's native forward around the generated proxy)
+is everything on AFD's side of the split, in both roles' models built by vLLM's loader from the
+tiny V4 checkpoint of ``afd_models.cli.tiny_models`` (so vLLM's V4 weight loading and AFD's check
+that it filled every parameter of the role run for both roles): the Attention role's MoE blocks (vLLM's native forward around the generated proxy)
 exchanging through a loopback connector with the FFN role's model, against vLLM's own V4 MoE
 (the FFN role's blocks with the gate there, which the generated constructor leaves as upstream
 builds them), for a hash-routed layer and two bias-corrected ones, with the gate on either role.
@@ -29,61 +30,18 @@ pytestmark = [
     ),
 ]
 
-#: A tiny DeepSeek-V4 (the kernel constraints are in docs/reports/deepseek-v4-on-cpu.md): layer 0
-#: routes by token id (``num_hash_layers``), layers 1 and 2 by bias-corrected scores.
-TINY_V4 = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "vocab_size": 512,
-    "hidden_size": 256,
-    "moe_intermediate_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 512,
-    "qk_rope_head_dim": 64,
-    "q_lora_rank": 128,
-    "o_lora_rank": 128,
-    "o_groups": 2,
-    "n_routed_experts": 64,
-    "num_experts_per_tok": 6,
-    "n_shared_experts": 1,
-    "num_hash_layers": 1,
-    "topk_method": "noaux_tc",
-    "scoring_func": "sqrtsoftplus",
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 1.5,
-    "swiglu_limit": 10.0,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "hc_mult": 4,
-    "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-6,
-    "index_head_dim": 128,
-    "index_n_heads": 4,
-    "index_topk": 512,
-    "compress_ratios": [0, 4, 128],
-    "sliding_window": 128,
-    "max_position_embeddings": 4096,
-    "rope_theta": 10000.0,
-    "compress_rope_theta": 160000.0,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-}
-
 _CHILD = """
 import json, sys
 from pathlib import Path
 
 import torch
-from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.forward_context import create_forward_context, set_forward_context
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.plugins import load_general_plugins
 
-from afd_models.cli.tiny_models import build_tokenizer
+from afd_models.cli.tiny_models import tiny_config, write_tiny_model
 from afd_models.config import AFDConfigError, Role
 from afd_models.connectors.base import AFDConnectionError, LayerInput
 from afd_models.connectors.loopback import LoopbackConnector
@@ -91,16 +49,13 @@ from afd_models.ffn_server import ffn_output
 from afd_models.models.remote import bind_connector
 from afd_models.worker_config import prepare_worker_config
 
-out = Path(sys.argv[1])
-out.mkdir(exist_ok=True)
-(out / "config.json").write_text(json.dumps(TINY_V4))
-build_tokenizer(out, TINY_V4["vocab_size"])
+TINY_V4 = tiny_config("v4")
+out = write_tiny_model(Path(sys.argv[1]), "v4")
 LAYERS = range(TINY_V4["num_hidden_layers"])
 
 def engine_config(role, gate_on_attention=False):
     return VllmConfig(
         model_config=ModelConfig(model=str(out), dtype="bfloat16", enforce_eager=True),
-        load_config=LoadConfig(load_format="dummy"),
         additional_config={"afd": {"role": role, "compute_gate_on_attention": gate_on_attention}},
     )
 
@@ -118,14 +73,11 @@ except AFDConfigError as error:
 load_general_plugins()
 
 def load(role, gate_on_attention):
-    # vLLM's loader builds the AFD class the workers ask for, with its dummy weights: a seeded
-    # value per tensor shape, so both roles' gates and both FFN models' experts are equal; the
-    # hash tables come from the global generator, seeded alike for every build
+    # vLLM's loader builds the AFD class the workers ask for and loads the checkpoint into it
     config = engine_config(role, gate_on_attention)
     config = config.with_hf_config(
         config.model_config.hf_config, architectures=["AFDDeepseekV4ForCausalLM"]
     )
-    torch.manual_seed(0)
     with set_current_vllm_config(config):
         model = get_model_loader(config.load_config).load_model(
             vllm_config=config, model_config=config.model_config
@@ -203,7 +155,7 @@ def v4(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> di
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = f"TINY_V4 = {TINY_V4!r}\n" + _CHILD
+    code = _CHILD
     model_dir = tmp_path_factory.mktemp("tiny-v4") / "model"
     result = run_python(
         f"import sys; sys.argv = ['v4', {str(model_dir)!r}, '{port}']\n" + code, vllm_env
