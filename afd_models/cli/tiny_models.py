@@ -1,4 +1,4 @@
-"""Tiny random DeepSeek (V2, V3, V4) and Qwen3-MoE checkpoints (HF layout) with a locally trained tokenizer.
+"""Tiny random DeepSeek (V2, V3, V3.2, V4) and Qwen3-MoE checkpoints (HF layout) with a locally trained tokenizer.
 
 Operators (``docs/user-guide.md``), the demo, ``verify``, benchmarks and tests build their models
 here; nothing comes from a hub.
@@ -174,6 +174,24 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "routed_scaling_factor": 2.5,
         },
     ),
+    # DeepSeek-V3.2: V3 with the sparse-attention (DSA) indexer's fields and weights; vLLM 0.30+
+    # serves it with a CUDA class of its own, whose attention the CPU platform cannot build.
+    "v32": (
+        BASE_CONFIG,
+        {
+            "architectures": ["DeepseekV32ForCausalLM"],
+            "model_type": "deepseek_v32",
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "index_topk": 64,
+            "index_n_heads": 4,
+            "index_head_dim": 32,
+        },
+    ),
     # V2-Lite style: no q LoRA, two dense layers first, `n_shared_experts` absent from the config
     # (the HF config class supplies its default), renormalized top-k, a routed scaling factor.
     "v2-lite": (
@@ -317,6 +335,14 @@ def build_weights(
             weights[attn + "kv_a_layernorm.weight"] = ones(kv_rank)
             weights[attn + "kv_b_proj.weight"] = rand(heads * (nope + v_dim), kv_rank)
             weights[attn + "o_proj.weight"] = rand(hidden, heads * v_dim)
+        if "index_topk" in config:  # DeepSeek-V3.2's sparse-attention indexer
+            indexer, index_dim = attn + "indexer.", config["index_head_dim"]
+            index_heads = config["index_n_heads"]
+            weights[indexer + "wq_b.weight"] = rand(index_heads * index_dim, config["q_lora_rank"])
+            weights[indexer + "wk.weight"] = rand(index_dim, hidden)
+            weights[indexer + "weights_proj.weight"] = rand(index_heads, hidden)
+            weights[indexer + "k_norm.weight"] = ones(index_dim)
+            weights[indexer + "k_norm.bias"] = torch.zeros(index_dim, dtype=torch_dtype)
         mlp = prefix + "mlp."
         if not is_moe_layer(config, layer):
             inner = config["intermediate_size"]

@@ -3,8 +3,9 @@
 
 From 0.30 vLLM gives V3.2 a CUDA class of its own (its DSA sparse attention, which the CPU platform
 refuses to build), and AFD serves its overlay, on CUDA only. What runs here is the FFN role, which
-builds nothing of attention: vLLM's loader builds the generated FFN-role causal LM with dummy
-weights, and the FFN server's entry point computes each layer's MLP or MoE, compared bitwise with
+builds nothing of attention: vLLM's loader builds the generated FFN-role causal LM and loads the
+tiny-model builder's V3.2 checkpoint into it (skipping the attention and indexer tensors, and
+filling every parameter the role has), and the FFN server's entry point computes each layer's MLP or MoE, compared bitwise with
 vLLM's own modules run by their own forwards, with the gate on either role.
 """
 
@@ -27,102 +28,34 @@ pytestmark = [
     ),
 ]
 
-#: A tiny DeepSeek-V3.2: layer 0 dense, layers 1 and 2 MoE, with the indexer fields its attention
-#: (not built here) needs.
-TINY_V32 = {
-    "architectures": ["DeepseekV32ForCausalLM"],
-    "model_type": "deepseek_v32",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 32,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 16,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    "topk_method": "noaux_tc",
-    "scoring_func": "sigmoid",
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "index_topk": 64,
-    "index_n_heads": 4,
-    "index_head_dim": 32,
-    "max_position_embeddings": 512,
-    "rope_theta": 10000.0,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-}
-
 _CHILD = """
 import json, sys
 from pathlib import Path
 
 import torch
-from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
-from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.forward_context import set_forward_context
-from vllm.model_executor.model_loader import get_model_loader
-from vllm.plugins import load_general_plugins
 
-from afd_models.cli.tiny_models import build_tokenizer
+from afd_models.cli.tiny_models import tiny_config, write_tiny_model
 from afd_models.config import AFDConfigError, Role
 from afd_models.connectors.base import LayerInput
 from afd_models.ffn_server import ffn_output
 from afd_models.worker_config import prepare_worker_config
+from tests.cpu.role_models import engine_config, load_role_model, start_single_rank
 
-out = Path(sys.argv[1])
-out.mkdir(exist_ok=True)
-(out / "config.json").write_text(json.dumps(TINY_V32))
-build_tokenizer(out, TINY_V32["vocab_size"])
+TINY_V32 = tiny_config("v32")
+out = write_tiny_model(Path(sys.argv[1]), "v32")
 LAYERS = range(TINY_V32["num_hidden_layers"])
-
-def engine_config(role, gate_on_attention=False):
-    return VllmConfig(
-        model_config=ModelConfig(model=str(out), dtype="bfloat16", enforce_eager=True),
-        load_config=LoadConfig(load_format="dummy"),
-        additional_config={"afd": {"role": role, "compute_gate_on_attention": gate_on_attention}},
-    )
-
-with set_current_vllm_config(engine_config("ffn")):
-    init_distributed_environment(1, 0, "tcp://127.0.0.1:" + sys.argv[2], 0, "gloo")
-    initialize_model_parallel(1, 1)
+start_single_rank(out, sys.argv[2])
 
 # the workers refuse V3.2 here: AFD's class is of vLLM's CUDA implementation
 try:
-    prepare_worker_config(engine_config("ffn"), Role.FFN)
+    prepare_worker_config(engine_config(out, "ffn"), Role.FFN)
     result = {"worker_refusal": None}
 except AFDConfigError as error:
     result = {"worker_refusal": str(error)}
 
-load_general_plugins()
-
 def load(gate_on_attention):
-    # vLLM's loader builds the AFD class the workers ask for, with its dummy weights (a seeded
-    # value per tensor shape, so both builds' experts are equal)
-    config = engine_config("ffn", gate_on_attention)
-    config = config.with_hf_config(
-        config.model_config.hf_config, architectures=["AFDDeepseekV32ForCausalLM"]
-    )
-    torch.manual_seed(0)
-    with set_current_vllm_config(config):
-        model = get_model_loader(config.load_config).load_model(
-            vllm_config=config, model_config=config.model_config
-        )
-    return config, model
+    return load_role_model(out, "AFDDeepseekV32ForCausalLM", "ffn", gate_on_attention)
 
 torch.manual_seed(1)
 x = torch.randn(7, TINY_V32["hidden_size"]).to(torch.bfloat16)
@@ -164,7 +97,7 @@ def v32(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> d
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = f"TINY_V32 = {TINY_V32!r}\n" + _CHILD
+    code = _CHILD
     model_dir = tmp_path_factory.mktemp("tiny-v32") / "model"
     result = run_python(
         f"import sys; sys.argv = ['v32', {str(model_dir)!r}, '{port}']\n" + code, vllm_env

@@ -35,11 +35,7 @@ import json, sys
 from pathlib import Path
 
 import torch
-from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.forward_context import create_forward_context, set_forward_context
-from vllm.model_executor.model_loader import get_model_loader
-from vllm.plugins import load_general_plugins
 
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
 from afd_models.config import AFDConfigError, Role
@@ -48,41 +44,22 @@ from afd_models.connectors.loopback import LoopbackConnector
 from afd_models.ffn_server import ffn_output
 from afd_models.models.remote import bind_connector
 from afd_models.worker_config import prepare_worker_config
+from tests.cpu.role_models import engine_config, load_role_model, start_single_rank
 
 TINY_V4 = tiny_config("v4")
 out = write_tiny_model(Path(sys.argv[1]), "v4")
 LAYERS = range(TINY_V4["num_hidden_layers"])
-
-def engine_config(role, gate_on_attention=False):
-    return VllmConfig(
-        model_config=ModelConfig(model=str(out), dtype="bfloat16", enforce_eager=True),
-        additional_config={"afd": {"role": role, "compute_gate_on_attention": gate_on_attention}},
-    )
-
-with set_current_vllm_config(engine_config("ffn")):
-    init_distributed_environment(1, 0, "tcp://127.0.0.1:" + sys.argv[2], 0, "gloo")
-    initialize_model_parallel(1, 1)
+start_single_rank(out, sys.argv[2])
 
 # the workers refuse V4 on this release: vLLM's own V4 cannot run a step on CPU
 try:
-    prepare_worker_config(engine_config("ffn"), Role.FFN)
+    prepare_worker_config(engine_config(out, "ffn"), Role.FFN)
     result = {"worker_refusal": None}
 except AFDConfigError as error:
     result = {"worker_refusal": str(error)}
 
-load_general_plugins()
-
 def load(role, gate_on_attention):
-    # vLLM's loader builds the AFD class the workers ask for and loads the checkpoint into it
-    config = engine_config(role, gate_on_attention)
-    config = config.with_hf_config(
-        config.model_config.hf_config, architectures=["AFDDeepseekV4ForCausalLM"]
-    )
-    with set_current_vllm_config(config):
-        model = get_model_loader(config.load_config).load_model(
-            vllm_config=config, model_config=config.model_config
-        )
-    return config, model
+    return load_role_model(out, "AFDDeepseekV4ForCausalLM", role, gate_on_attention)
 
 torch.manual_seed(1)
 x = torch.randn(7, TINY_V4["hidden_size"]).to(torch.bfloat16)

@@ -13,15 +13,23 @@ from afd_models.cli.verify.shrink import shrink
 from afd_models.cli.verify.validate import parameter_estimate, validate
 
 
-@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"v4"}))
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"v32", "v4"}))
 def test_tiny_variants_are_valid(variant: str) -> None:
     validate(tiny_config(variant), mla_disabled=True)
 
 
-def test_the_tiny_v4_is_refused_naming_why() -> None:
-    """vLLM has V4 from 0.30, and its own V4 runs no step on the CPU releases 0.30 and 0.32."""
-    with pytest.raises(VerifyError, match=r"^architectures=\['DeepseekV4ForCausalLM'\]: "):
-        validate(tiny_config("v4"), mla_disabled=True)
+@pytest.mark.parametrize(
+    ("variant", "fragment"),
+    [
+        # served with vLLM's own V4 from 0.30, which runs no step on the CPU releases
+        ("v4", r"^architectures=\['DeepseekV4ForCausalLM'\]: "),
+        # before 0.30 its sparse attention, from 0.30 its own CUDA class
+        ("v32", r"V3.2 sparse attention|'DeepseekV32ForCausalLM' has an AFD model for vLLM's cuda"),
+    ],
+)
+def test_the_variants_verify_cannot_run_are_refused_naming_why(variant: str, fragment: str) -> None:
+    with pytest.raises(VerifyError, match=fragment):
+        validate(tiny_config(variant), mla_disabled=True)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
-"""The tiny DeepSeek-V4 checkpoint's tensors (vLLM's V4 loader reads them in
-``tests/cpu/test_deepseek_v4.py``; these are the layout rules it cannot see fail one by one)."""
+"""The tiny DeepSeek-V4 and V3.2 checkpoints' tensors (vLLM's loaders read them in
+``tests/cpu/test_deepseek_v4.py`` and ``test_deepseek_v32.py``; these are the layout rules they
+cannot see fail one by one)."""
 
 from __future__ import annotations
 
 import torch
 
+from afd_models.cli.hf_config import effective_config
 from afd_models.cli.tiny_models import build_weights, tiny_config
 
 CONFIG = tiny_config("v4")
@@ -47,3 +49,18 @@ def test_the_margin_scale_widens_the_head_and_the_gates_only() -> None:
     for name in ("head.weight", "layers.2.ffn.gate.weight"):
         assert torch.allclose(wide[name].float(), plain[name].float() * 50, rtol=1e-2)
     assert torch.equal(wide["embed.weight"], plain["embed.weight"])
+
+
+def test_the_v32_checkpoint_is_v3_plus_the_indexer_of_every_layer() -> None:
+    v3, v32 = tiny_config("v3"), tiny_config("v32")
+    v3_weights = build_weights(effective_config(v3), 0)
+    v32_weights = build_weights(effective_config(v32), 0)
+    indexer = {name for name in v32_weights if ".self_attn.indexer." in name}
+    assert set(v32_weights) - indexer == set(v3_weights)
+    dim, heads = v32["index_head_dim"], v32["index_n_heads"]
+    for layer in range(v32["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}.self_attn.indexer."
+        assert v32_weights[prefix + "wq_b.weight"].shape == (heads * dim, v32["q_lora_rank"])
+        assert v32_weights[prefix + "wk.weight"].shape == (dim, v32["hidden_size"])
+        assert v32_weights[prefix + "weights_proj.weight"].shape == (heads, v32["hidden_size"])
+        assert v32_weights[prefix + "k_norm.bias"].shape == (dim,)
