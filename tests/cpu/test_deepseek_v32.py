@@ -97,10 +97,9 @@ def v32(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> d
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = _CHILD
     model_dir = tmp_path_factory.mktemp("tiny-v32") / "model"
     result = run_python(
-        f"import sys; sys.argv = ['v32', {str(model_dir)!r}, '{port}']\n" + code, vllm_env
+        f"import sys; sys.argv = ['v32', {str(model_dir)!r}, '{port}']\n" + _CHILD, vllm_env
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, result.stderr[-6000:]
