@@ -155,38 +155,33 @@ DEEPSEEK_V4_CONFIG: dict[str, Any] = {
 #: A variant value that removes the key from the config.
 ABSENT = object()
 
+#: DeepSeek-V3's changes to the base config, which V3.2 shares.
+V3_CHANGES: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "n_group": 4,
+    "topk_group": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
 #: Named variants: the config each starts from and the changes it makes to it.
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # DeepSeek-V2: softmax greedy routing, one shared expert.
     "v2": (BASE_CONFIG, {}),
     # DeepSeek-V3: sigmoid scores with correction bias (noaux_tc), grouped top-k over 4 groups,
     # renormalized top-k weights and a routed scaling factor.
-    "v3": (
-        BASE_CONFIG,
-        {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "deepseek_v3",
-            "topk_method": "noaux_tc",
-            "scoring_func": "sigmoid",
-            "n_group": 4,
-            "topk_group": 2,
-            "norm_topk_prob": True,
-            "routed_scaling_factor": 2.5,
-        },
-    ),
+    "v3": (BASE_CONFIG, V3_CHANGES),
     # DeepSeek-V3.2: V3 with the sparse-attention (DSA) indexer's fields and weights; vLLM 0.30+
     # serves it with a CUDA class of its own, whose attention the CPU platform cannot build.
     "v32": (
         BASE_CONFIG,
         {
+            **V3_CHANGES,
             "architectures": ["DeepseekV32ForCausalLM"],
             "model_type": "deepseek_v32",
-            "topk_method": "noaux_tc",
-            "scoring_func": "sigmoid",
-            "n_group": 4,
-            "topk_group": 2,
-            "norm_topk_prob": True,
-            "routed_scaling_factor": 2.5,
             "index_topk": 64,
             "index_n_heads": 4,
             "index_head_dim": 32,
