@@ -3,10 +3,12 @@ process state (shared by the cpu and gpu tiers)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 #: environment of every vLLM process the tests start (the KV-cache size applies on CPU only).
 #: These engines run eagerly (``enforce_eager=True``); with Dynamo off, vLLM's lazily compiled
@@ -40,3 +42,15 @@ def run_python(
         text=True,
         timeout=timeout,
     )
+
+
+def run_python_result(
+    code: str, env: dict[str, str], argv: list[str], timeout: float = 300
+) -> dict[str, Any]:
+    """Run ``code`` as :func:`run_python` does, with ``sys.argv`` set to ``argv``; the JSON the
+    snippet printed last on a ``RESULT `` line (the run must succeed and print one)."""
+    result = run_python(f"import sys; sys.argv = {argv!r}\n" + code, env, timeout)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stderr[-6000:]
+    found: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    return found

@@ -1,6 +1,7 @@
 """Both roles' AFD models of a tiny checkpoint, built and loaded by vLLM's own loader in one
 process (a child of a test: ``tests.engine.run_python``), for the model families whose pair
-cannot run on the CPU platform (DeepSeek-V3.2's and V4's own classes)."""
+cannot run on the CPU platform (DeepSeek-V3.2's and V4's own classes), and what their workers
+say of such an engine before it starts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.plugins import load_general_plugins
+
+from afd_models.config import AFDConfigError, Role
+from afd_models.worker_config import prepare_worker_config
 
 
 def engine_config(model: Path, role: str, gate_on_attention: bool = False) -> VllmConfig:
@@ -43,3 +47,13 @@ def load_role_model(
             vllm_config=config, model_config=config.model_config
         )
     return config, loaded
+
+
+def worker_refusal(model: Path) -> str | None:
+    """Why an AFD worker refuses an engine of ``model`` (the FFN role's config) before it starts;
+    None if it accepts it."""
+    try:
+        prepare_worker_config(engine_config(model, "ffn"), Role.FFN)
+    except AFDConfigError as error:
+        return str(error)
+    return None

@@ -11,13 +11,12 @@ vLLM's own modules run by their own forwards, with the gate on either role.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from vllm import __version__ as vllm_version
 
+from afd_models.cli.serve import free_port
 from afd_models.plugin import release_numbers
-from tests.engine import run_python
+from tests.engine import run_python_result
 
 pytestmark = [
     pytest.mark.every_release,
@@ -36,11 +35,9 @@ import torch
 from vllm.forward_context import set_forward_context
 
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
-from afd_models.config import AFDConfigError, Role
 from afd_models.connectors.base import LayerInput
 from afd_models.ffn_server import ffn_output
-from afd_models.worker_config import prepare_worker_config
-from tests.cpu.role_models import engine_config, load_role_model, start_single_rank
+from tests.cpu.role_models import load_role_model, start_single_rank, worker_refusal
 
 TINY_V32 = tiny_config("v32")
 out = write_tiny_model(Path(sys.argv[1]), "v32")
@@ -48,11 +45,7 @@ LAYERS = range(TINY_V32["num_hidden_layers"])
 start_single_rank(out, sys.argv[2])
 
 # the workers refuse V3.2 here: AFD's class is of vLLM's CUDA implementation
-try:
-    prepare_worker_config(engine_config(out, "ffn"), Role.FFN)
-    result = {"worker_refusal": None}
-except AFDConfigError as error:
-    result = {"worker_refusal": str(error)}
+result = {"worker_refusal": worker_refusal(out)}
 
 def load(gate_on_attention):
     return load_role_model(out, "AFDDeepseekV32ForCausalLM", "ffn", gate_on_attention)
@@ -92,18 +85,8 @@ print("RESULT " + json.dumps(result))
 
 @pytest.fixture(scope="module")
 def v32(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     model_dir = tmp_path_factory.mktemp("tiny-v32") / "model"
-    result = run_python(
-        f"import sys; sys.argv = ['v32', {str(model_dir)!r}, '{port}']\n" + _CHILD, vllm_env
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, result.stderr[-6000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return run_python_result(_CHILD, vllm_env, ["v32", str(model_dir), str(free_port())])
 
 
 @pytest.mark.parametrize("placement", ["gate_on_ffn", "gate_on_attention"])

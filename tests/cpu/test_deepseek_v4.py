@@ -14,13 +14,12 @@ On releases before 0.30 vLLM has no V4 class of its own, nor AFD one.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from vllm import __version__ as vllm_version
 
+from afd_models.cli.serve import free_port
 from afd_models.plugin import release_numbers
-from tests.engine import run_python
+from tests.engine import run_python_result
 
 pytestmark = [
     pytest.mark.every_release,
@@ -38,13 +37,11 @@ import torch
 from vllm.forward_context import create_forward_context, set_forward_context
 
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
-from afd_models.config import AFDConfigError, Role
 from afd_models.connectors.base import AFDConnectionError, LayerInput
 from afd_models.connectors.loopback import LoopbackConnector
 from afd_models.ffn_server import ffn_output
 from afd_models.models.remote import bind_connector
-from afd_models.worker_config import prepare_worker_config
-from tests.cpu.role_models import engine_config, load_role_model, start_single_rank
+from tests.cpu.role_models import load_role_model, start_single_rank, worker_refusal
 
 TINY_V4 = tiny_config("v4")
 out = write_tiny_model(Path(sys.argv[1]), "v4")
@@ -52,11 +49,7 @@ LAYERS = range(TINY_V4["num_hidden_layers"])
 start_single_rank(out, sys.argv[2])
 
 # the workers refuse V4 on this release: vLLM's own V4 cannot run a step on CPU
-try:
-    prepare_worker_config(engine_config(out, "ffn"), Role.FFN)
-    result = {"worker_refusal": None}
-except AFDConfigError as error:
-    result = {"worker_refusal": str(error)}
+result = {"worker_refusal": worker_refusal(out)}
 
 def load(role, gate_on_attention):
     return load_role_model(out, "AFDDeepseekV4ForCausalLM", role, gate_on_attention)
@@ -127,18 +120,8 @@ print("RESULT " + json.dumps(result))
 
 @pytest.fixture(scope="module")
 def v4(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     model_dir = tmp_path_factory.mktemp("tiny-v4") / "model"
-    result = run_python(
-        f"import sys; sys.argv = ['v4', {str(model_dir)!r}, '{port}']\n" + _CHILD, vllm_env
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, result.stderr[-6000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return run_python_result(_CHILD, vllm_env, ["v4", str(model_dir), str(free_port())])
 
 
 def test_the_tiny_v4_routes_its_hash_layer_by_token_id(v4: dict) -> None:
