@@ -47,8 +47,8 @@ AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
 
 
 #: native architecture -> (the first vLLM release that gives it a model class of its own, the
-#: ``module:Class`` under GENERATED of AFD's overlay of that class, the platforms vLLM picks that
-#: class on): AFD serves it as AFD_ARCHITECTURES says on the releases before, with the overlay
+#: ``module:Class`` under GENERATED of AFD's overlay of that class, the platforms (as
+#: :func:`model_platform` names them) vLLM picks that class on): AFD serves it as AFD_ARCHITECTURES says on the releases before, with the overlay
 #: from then on, and refuses it by name on the other platforms
 OWN_CLASS_SINCE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # vLLM 0.30's vllm/models/deepseek_v32/__init__.py: the DSA class on CUDA, the V3 class elsewhere
@@ -59,19 +59,20 @@ OWN_CLASS_SINCE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
 }
 
-#: native architecture -> the first vLLM release that has it: AFD's class is generated from there
+#: native architecture -> the first vLLM release with the implementation AFD's class is generated
+#: from (V4: vLLM has it on CUDA, ROCm and XPU before 0.30; its CPU implementation is new in 0.30)
 FIRST_RELEASE: dict[str, str] = {
     "DeepseekV4ForCausalLM": "0.30",
 }
 
-#: native architecture -> the platforms (vLLM device types) whose implementation AFD's class is
-#: generated from; an architecture not named here is served on every platform
+#: native architecture -> the platforms (:func:`model_platform` names) whose implementation AFD's
+#: class is generated from; an architecture not named here is served on every platform
 PLATFORMS: dict[str, tuple[str, ...]] = {
     "DeepseekV4ForCausalLM": ("cpu",),
 }
 
 
-#: (native architecture, device type) -> (the vLLM releases, as ``major.minor``, whose own model
+#: (native architecture, platform) -> (the vLLM releases, as ``major.minor``, whose own model
 #: of it fails on that platform, why): AFD refuses it there by name, before an engine starts
 UPSTREAM_CANNOT_RUN: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("DeepseekV4ForCausalLM", "cpu"): (
@@ -115,8 +116,8 @@ def served_on(vllm_version: str) -> dict[str, tuple[str, str]]:
 
 
 def served_platforms(native: str, vllm_version: str) -> tuple[str, ...] | None:
-    """The platforms (vLLM device types) whose implementation of ``native`` AFD's class on vLLM
-    ``vllm_version`` is generated from; None: every platform."""
+    """The platforms (:func:`model_platform` names) whose implementation of ``native`` AFD's
+    class on vLLM ``vllm_version`` is generated from; None: every platform."""
     own = OWN_CLASS_SINCE.get(native)
     if own is not None and release_numbers(vllm_version) >= release_numbers(own[0]):
         return own[2]
@@ -128,11 +129,19 @@ def registrations(vllm_version: str) -> dict[str, str]:
     return {afd: f"{GENERATED}.{path}" for afd, path in served_on(vllm_version).values()}
 
 
+def model_platform(device_type: str, *, is_rocm: bool) -> str:
+    """The platform a model package's per-platform pick sees (vLLM's
+    ``current_platform.is_<name>()``, as ``codegen.drift.model_registry.PLATFORMS`` names them):
+    the device type, except on ROCm, whose device type is ``cuda`` but whose model packages pick
+    their ``amd`` implementations."""
+    return "rocm" if is_rocm else device_type
+
+
 def afd_architecture(
-    native: str, vllm_version: str, device_type: str, *, tensor_parallel_size: int = 1
+    native: str, vllm_version: str, platform: str, *, tensor_parallel_size: int = 1
 ) -> str:
-    """The AFD architecture name for a native one on vLLM ``vllm_version``, on the platform of
-    ``device_type`` (``current_platform.device_type``), for engines of ``tensor_parallel_size``.
+    """The AFD architecture name for a native one on vLLM ``vllm_version``, on ``platform`` (see
+    :func:`model_platform`), for engines of ``tensor_parallel_size``.
 
     Raises:
         ValueError: the architecture has no AFD model on that release or platform, or not for
@@ -140,23 +149,24 @@ def afd_architecture(
     """
     if native in FIRST_RELEASE and native not in served_on(vllm_version):
         raise ValueError(
-            f"architecture {native!r} has no model class in vLLM {vllm_version}; vLLM and AFD "
-            f"serve it from {FIRST_RELEASE[native]}"
+            f"architecture {native!r} has an AFD model from vLLM {FIRST_RELEASE[native]}, the "
+            f"first release with vLLM's {', '.join(PLATFORMS[native])} implementation of it, "
+            f"which AFD's class is generated from; not on vLLM {vllm_version}"
         )
     if native not in AFD_ARCHITECTURES:
         raise ValueError(
             f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(AFD_ARCHITECTURES))}"
         )
     platforms = served_platforms(native, vllm_version)
-    if platforms is not None and device_type not in platforms:
+    if platforms is not None and platform not in platforms:
         raise ValueError(
             f"architecture {native!r} has an AFD model for vLLM's {', '.join(platforms)} "
-            f"implementation only, not for this platform ({device_type!r})"
+            f"implementation only, not for this platform ({platform!r})"
         )
-    releases, why = UPSTREAM_CANNOT_RUN.get((native, device_type), ((), ""))
+    releases, why = UPSTREAM_CANNOT_RUN.get((native, platform), ((), ""))
     if release_numbers(vllm_version)[:2] in {release_numbers(r) for r in releases}:
         raise ValueError(
-            f"architecture {native!r} cannot be served on vLLM {vllm_version} ({device_type}): "
+            f"architecture {native!r} cannot be served on vLLM {vllm_version} ({platform}): "
             f"{why}; AFD's classes for it are generated and checked, and serve once a vLLM "
             "release runs it there"
         )

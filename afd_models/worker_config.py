@@ -46,7 +46,7 @@ from afd_models.config import (
 )
 from afd_models.connectors.specs import CONNECTORS, SPECS
 from afd_models.log import get_logger
-from afd_models.plugin import afd_architecture, release_numbers
+from afd_models.plugin import afd_architecture, model_platform, release_numbers
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -78,7 +78,7 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
         target = afd_architecture(
             architectures[0],
             vllm_version,
-            current_platform.device_type,
+            model_platform(current_platform.device_type, is_rocm=current_platform.is_rocm()),
             tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
         )
     except ValueError as exc:

@@ -72,6 +72,7 @@ class Kind(enum.Enum):
     # dotted paths
     PATH_IMPORT = "PTH001"
     PATH_BASE = "PTH002"
+    PATH_PLATFORM = "PTH003"
     # monkey patches
     PATCH_ATTRIBUTE = "MP001"
     PATCH_SETATTR = "MP002"
@@ -107,6 +108,7 @@ class Kind(enum.Enum):
     DRIFT_BASES = "DRF041"
     DRIFT_MRO = "DRF042"
     DRIFT_REGISTRY = "DRF050"
+    DRIFT_PLATFORM_PICK = "DRF051"
     DRIFT_CONTRACT_BROKEN = "DRF070"
     DRIFT_CONTRACT_COUNT = "DRF071"
     DRIFT_UNANALYSED = "DRF060"
@@ -158,6 +160,7 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.RUNTIME_PATCHED: "a forked or relied-on method, or an imported name, is patched at run time by code from another package",
     Kind.PATH_IMPORT: "a dotted class path does not import",
     Kind.PATH_BASE: "a dotted class path does not derive from its claimed upstream base",
+    Kind.PATH_PLATFORM: "an AFD class is served on a platform where vLLM builds another class",
     Kind.PATCH_ATTRIBUTE: "an attribute of an upstream module or class is assigned",
     Kind.PATCH_SETATTR: "setattr is called on an upstream module or class",
     Kind.PATCH_SYS_MODULES: "sys.modules is rebound",
@@ -190,6 +193,7 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.DRIFT_BASES: "an upstream class changed its bases",
     Kind.DRIFT_MRO: "the MRO of an overlaid class changed",
     Kind.DRIFT_REGISTRY: "an architecture AFD registers changed in vLLM's model registry",
+    Kind.DRIFT_PLATFORM_PICK: "vLLM builds another class for an architecture AFD registers on some platform",
     Kind.DRIFT_CONTRACT_BROKEN: "the new body breaks a contract AFD relies on",
     Kind.DRIFT_CONTRACT_COUNT: "a contract still holds, but in a different number of places",
     Kind.DRIFT_UNANALYSED: "a symbol could not be analysed",

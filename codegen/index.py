@@ -215,7 +215,7 @@ class UpstreamIndex:
                         top = alias.name.split(".", 1)[0]
                         info.imports[top] = (top, None)
             elif isinstance(node, ast.ImportFrom):
-                source_module = _absolute(package, node.module, node.level)
+                source_module = absolute_module(package, node.module, node.level)
                 for alias in node.names:
                     if alias.name == "*":
                         info.star_imports.append(source_module)
@@ -469,7 +469,8 @@ def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
     return result
 
 
-def _absolute(package: str, module: str | None, level: int) -> str:
+def absolute_module(package: str, module: str | None, level: int) -> str:
+    """The absolute name of a ``from`` import's module, read in ``package``."""
     if level == 0:
         return module or ""
     parts = package.split(".")

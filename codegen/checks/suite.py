@@ -32,8 +32,10 @@ from codegen.checks.runtime import (
     documented_paths,
     platform_package,
 )
+from codegen.drift.model_registry import platform_picks
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import Generation
+from codegen.index import UpstreamIndex
 from codegen.lock import LockFormatError, lock_diff, read_lock, render_lock
 from codegen.pipeline import generate, open_context, pinned_hash_findings
 from codegen.sources import Pin, SourceError, installed_version
@@ -119,6 +121,37 @@ def compare_generated(repo_root: Path, generation: Generation) -> list[Finding]:
     return findings
 
 
+def served_class_findings(
+    generation: Generation, index: UpstreamIndex, vllm_version: str
+) -> list[Finding]:
+    """On each platform AFD serves an architecture on (``afd_models.plugin.served_platforms``),
+    vLLM ``vllm_version`` builds the class AFD's class derives from, read statically from the
+    registry and the model package's per-platform pick."""
+    from afd_models import plugin  # imports nothing heavy
+
+    bases = {f"{c.module}:{c.name}": c.base for c in generation.classes}
+    findings = []
+    for native, (_, path) in plugin.served_on(vllm_version).items():
+        platforms = plugin.served_platforms(native, vllm_version)
+        base = bases.get(f"{plugin.GENERATED}.{path}")
+        picks = platform_picks(index, native)
+        if platforms is None or base is None or picks is None:
+            continue
+        for platform in platforms:
+            if picks[platform] != str(base):
+                findings.append(
+                    Finding(
+                        Kind.PATH_PLATFORM,
+                        Severity.BLOCK,
+                        native,
+                        f"AFD serves it on {platform} with a subclass of {base}, but vLLM "
+                        f"{vllm_version} builds {picks[platform]} there; correct its platforms in "
+                        "afd_models/plugin.py or its overlay's base",
+                    )
+                )
+    return findings
+
+
 def runtime_findings(
     repo_root: Path, generation: Generation, pins: Mapping[str, Pin]
 ) -> list[Finding]:
@@ -144,7 +177,10 @@ def runtime_findings(
     paths = plugin.registrations(__version__)
     for native, (afd_name, _) in plugin.served_on(__version__).items():
         platforms = plugin.served_platforms(native, __version__)
-        if platforms is not None and current_platform.device_type not in platforms:
+        here = plugin.model_platform(
+            current_platform.device_type, is_rocm=current_platform.is_rocm()
+        )
+        if platforms is not None and here not in platforms:
             continue  # vLLM's registration stands for another platform's class here
         lazy: Any = ModelRegistry.models[native]  # vLLM's lazily imported registration
         registered[paths[afd_name]] = f"{lazy.module_name}:{lazy.class_name}"
@@ -207,6 +243,7 @@ def run_checks(
     progress(f"checking against {origins}")
     generation, index = generate(context)
     findings = list(generation.findings)
+    findings.extend(served_class_findings(generation, index, context.versions["vllm"]))
     if (
         generation.lock is None
     ):  # generate() stopped at a blocking finding, before the pinned hashes

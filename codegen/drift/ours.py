@@ -52,7 +52,7 @@ class _Repository:
 
     def location(self, finding: Finding) -> Location:
         key, _, mark = finding.symbol.partition("#")
-        if finding.kind is Kind.DRIFT_REGISTRY:
+        if finding.kind in (Kind.DRIFT_REGISTRY, Kind.DRIFT_PLATFORM_PICK):
             return Location(PLUGIN_PATH, self._line(PLUGIN_PATH, f'"{key}"'))
         if key in self.lock.symbols:
             found = self._contract(key, mark) if mark else self._used(key)

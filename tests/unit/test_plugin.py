@@ -57,6 +57,11 @@ def test_v32_is_served_from_its_own_cuda_class_where_vllm_gives_it_one(version: 
         "architecture 'DeepseekV32ForCausalLM' has an AFD model for vLLM's cuda implementation "
         "only, not for this platform ('cpu')"
     )
+    # ROCm (device type "cuda") builds another class: V3's on 0.30, deepseek_v32/amd's on 0.32
+    with pytest.raises(
+        ValueError, match=r"cuda implementation only, not for this platform \('rocm'\)"
+    ):
+        afd_architecture("DeepseekV32ForCausalLM", version, "rocm")
     with pytest.raises(ValueError) as refused:
         afd_architecture("DeepseekV32ForCausalLM", version, "cuda", tensor_parallel_size=2)
     assert str(refused.value).startswith(
@@ -79,12 +84,15 @@ def test_an_architecture_without_an_afd_model_is_refused() -> None:
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.28.0"])
-def test_v4_is_refused_by_name_before_vllm_has_it(version: str) -> None:
+def test_v4_is_refused_by_name_before_its_cpu_implementation(version: str) -> None:
+    """vLLM has V4 on CUDA, ROCm and XPU before 0.30; the CPU implementation AFD's class is
+    generated from comes with 0.30 (drift's DRF051 on 0.28 -> 0.30)."""
     with pytest.raises(ValueError) as refused:
         afd_architecture("DeepseekV4ForCausalLM", version, "cpu")
     assert str(refused.value) == (
-        f"architecture 'DeepseekV4ForCausalLM' has no model class in vLLM {version}; vLLM and "
-        "AFD serve it from 0.30"
+        "architecture 'DeepseekV4ForCausalLM' has an AFD model from vLLM 0.30, the first release "
+        "with vLLM's cpu implementation of it, which AFD's class is generated from; not on vLLM "
+        f"{version}"
     )
     assert "AFDDeepseekV4ForCausalLM" not in registrations(version)
 
