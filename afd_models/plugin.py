@@ -48,8 +48,9 @@ AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
 
 #: native architecture -> (the first vLLM release that gives it a model class of its own, the
 #: ``module:Class`` under GENERATED of AFD's overlay of that class, the platforms (as
-#: :func:`model_platform` names them) vLLM picks that class on): AFD serves it as AFD_ARCHITECTURES says on the releases before, with the overlay
-#: from then on, and refuses it by name on the other platforms
+#: :func:`model_platform` names them) vLLM picks that class on): AFD serves it as
+#: AFD_ARCHITECTURES says on the releases before, with the overlay from then on, and refuses it
+#: by name on the other platforms
 OWN_CLASS_SINCE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # vLLM 0.30's vllm/models/deepseek_v32/__init__.py: the DSA class on CUDA, the V3 class elsewhere
     "DeepseekV32ForCausalLM": (

@@ -32,7 +32,7 @@ from codegen.checks.runtime import (
     documented_paths,
     platform_package,
 )
-from codegen.drift.model_registry import platform_picks
+from codegen.drift.model_registry import platform_picks, registry_table
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import Generation
 from codegen.index import UpstreamIndex
@@ -130,13 +130,14 @@ def served_class_findings(
     from afd_models import plugin  # imports nothing heavy
 
     bases = {f"{c.module}:{c.name}": c.base for c in generation.classes}
+    registry = registry_table(index)
     findings = []
     for native, (_, path) in plugin.served_on(vllm_version).items():
         platforms = plugin.served_platforms(native, vllm_version)
         base = bases.get(f"{plugin.GENERATED}.{path}")
-        picks = platform_picks(index, native)
-        if platforms is None or base is None or picks is None:
+        if platforms is None or base is None or native not in registry:
             continue
+        picks = platform_picks(index, registry[native])
         for platform in platforms:
             if picks[platform] != str(base):
                 findings.append(
@@ -175,11 +176,9 @@ def runtime_findings(
 
     registered = {}
     paths = plugin.registrations(__version__)
+    here = plugin.model_platform(current_platform.device_type, is_rocm=current_platform.is_rocm())
     for native, (afd_name, _) in plugin.served_on(__version__).items():
         platforms = plugin.served_platforms(native, __version__)
-        here = plugin.model_platform(
-            current_platform.device_type, is_rocm=current_platform.is_rocm()
-        )
         if platforms is not None and here not in platforms:
             continue  # vLLM's registration stands for another platform's class here
         lazy: Any = ModelRegistry.models[native]  # vLLM's lazily imported registration

@@ -33,7 +33,7 @@ PLATFORMS = ("cuda", "rocm", "xpu", "cpu", "tpu", "out-of-tree")
 PICK_DEPTH = 6
 
 
-def _registry_table(index: UpstreamIndex) -> dict[str, tuple[str, str]]:
+def registry_table(index: UpstreamIndex) -> dict[str, tuple[str, str]]:
     """Architecture -> (module, class) from vLLM's model registry, read statically."""
     info = index.module(REGISTRY_MODULE)
     table: dict[str, tuple[str, str]] = {}
@@ -153,12 +153,9 @@ def _picked(index: UpstreamIndex, module: str, name: str, platform: str, depth: 
     return bound or f"{module}:{name}"
 
 
-def platform_picks(index: UpstreamIndex, architecture: str) -> dict[str, str] | None:
-    """Platform -> the class vLLM builds for ``architecture`` there (see :func:`_picked`); None:
-    not in the registry."""
-    entry = _registry_table(index).get(architecture)
-    if entry is None:
-        return None
+def platform_picks(index: UpstreamIndex, entry: tuple[str, str]) -> dict[str, str]:
+    """Platform -> the class vLLM builds there for a registry ``entry`` (module, class) of
+    :func:`registry_table` (see :func:`_picked`)."""
     module, name = entry
     module = module if module.startswith("vllm.") else f"{MODELS_PACKAGE}.{module}"
     return {platform: _picked(index, module, name, platform) for platform in PLATFORMS}
@@ -175,9 +172,8 @@ def _picks_text(picks: dict[str, str]) -> str:
 def registry_findings(architectures: list[str], old: Side, new: Side) -> Iterator[Finding]:
     """The native architectures AFD registers for still map to the same vLLM classes, and to the
     same one on each platform."""
-    before, after = _registry_table(old.index), _registry_table(new.index)
+    before, after = registry_table(old.index), registry_table(new.index)
     for arch in architectures:
-        old_picks, new_picks = platform_picks(old.index, arch), platform_picks(new.index, arch)
         if arch not in after:
             yield Finding(
                 Kind.DRIFT_REGISTRY,
@@ -194,10 +190,15 @@ def registry_findings(architectures: list[str], old: Side, new: Side) -> Iterato
                 "now maps to another vLLM class",
                 old=str(before.get(arch)),
                 new=str(after[arch]),
-                details=_pick_details(old_picks, new_picks),
+                details=_pick_details(
+                    platform_picks(old.index, before[arch]) if arch in before else {},
+                    platform_picks(new.index, after[arch]),
+                ),
             )
-        elif old_picks != new_picks:
-            changed = [p for p in PLATFORMS if (old_picks or {}).get(p) != (new_picks or {}).get(p)]
+        elif (old_picks := platform_picks(old.index, before[arch])) != (
+            new_picks := platform_picks(new.index, after[arch])
+        ):
+            changed = [p for p in PLATFORMS if old_picks[p] != new_picks[p]]
             yield Finding(
                 Kind.DRIFT_PLATFORM_PICK,
                 Severity.BLOCK,
@@ -205,19 +206,16 @@ def registry_findings(architectures: list[str], old: Side, new: Side) -> Iterato
                 f"vLLM {new.version} builds another class for it on {', '.join(changed)}: check "
                 "the platforms AFD serves it on (afd_models/plugin.py) and the class its overlay "
                 "subclasses",
-                old=_picks_text(old_picks or {}),
-                new=_picks_text(new_picks or {}),
+                old=_picks_text(old_picks),
+                new=_picks_text(new_picks),
             )
 
 
-def _pick_details(old: dict[str, str] | None, new: dict[str, str] | None) -> tuple[str, ...]:
+def _pick_details(old: dict[str, str], new: dict[str, str]) -> tuple[str, ...]:
     """The per-platform classes on both sides, when either side picks by platform."""
-    if len(set((old or {}).values())) < 2 and len(set((new or {}).values())) < 2:
+    if len(set(old.values())) < 2 and len(set(new.values())) < 2:
         return ()
-    return (
-        f"per platform before: {_picks_text(old or {})}",
-        f"per platform now: {_picks_text(new or {})}",
-    )
+    return (f"per platform before: {_picks_text(old)}", f"per platform now: {_picks_text(new)}")
 
 
 def native_architectures(repo_root: Path) -> list[str]:

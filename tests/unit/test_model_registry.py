@@ -55,7 +55,7 @@ def index(tmp_path: Path, name: str, pick: str, registry_module: str = V4) -> Up
 
 
 def test_each_platform_gets_the_branch_it_takes(tmp_path: Path) -> None:
-    picks = platform_picks(index(tmp_path, "0.30", PICK), "DeepseekV4ForCausalLM")
+    picks = platform_picks(index(tmp_path, "0.30", PICK), (V4, "DeepseekV4ForCausalLM"))
     assert picks == {
         "cuda": f"{V4}.nvidia.model:DeepseekV4ForCausalLM",
         "rocm": f"{V4}.amd.model:DeepseekV4ForCausalLM",
@@ -80,7 +80,7 @@ elif envs.VLLM_SOMETHING:
 else:
     from .nvidia.model import DeepseekV4ForCausalLM
 """
-    picks = platform_picks(index(tmp_path, "x", pick), "DeepseekV4ForCausalLM")
+    picks = platform_picks(index(tmp_path, "x", pick), (V4, "DeepseekV4ForCausalLM"))
     assert picks == {
         "cuda": "unreadable: envs.VLLM_SOMETHING",
         "rocm": "unreadable: envs.VLLM_SOMETHING",
