@@ -388,10 +388,11 @@ def up_to_date(context: Context) -> bool:
             return False
         files = {}
         for path in entry.files:
-            file = source.root / path
-            if not file.exists():
+            # hashed as the index read it (a CRLF file, as vllm-ascend ships, hashes as LF)
+            sha = _file_sha(source.root / path)
+            if sha is None:
                 return False
-            files[path] = hashlib.sha256(file.read_bytes()).hexdigest()
+            files[path] = sha
         upstream[package] = files
     if inputs_digest(
         context.repo_root, overlay_hashes(context.repo_root), upstream

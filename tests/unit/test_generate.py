@@ -112,6 +112,19 @@ def test_up_to_date_notices_overlay_changes(tmp_path: Path) -> None:
     assert not up_to_date(context)
 
 
+def test_up_to_date_holds_for_an_upstream_file_with_crlf_line_ends(tmp_path: Path) -> None:
+    """vllm-ascend ships files with CRLF line ends: the fast path hashes them as the index read
+    them, so a no-change regenerate stays a no-op (it regenerated every time before)."""
+    context = make_repo(tmp_path, GOOD)
+    layers = context.sources["vllm"].root / "vllm/layers.py"
+    layers.write_bytes(layers.read_bytes().replace(b"\n", b"\r\n"))
+    generation, _ = generate(context)
+    write_output(context.repo_root, generation)
+    assert up_to_date(context)
+    layers.write_bytes(layers.read_bytes() + b"# changed\r\n")
+    assert not up_to_date(context)
+
+
 @pytest.mark.parametrize(
     ("overlay", "expected"),
     [
