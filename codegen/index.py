@@ -151,6 +151,8 @@ class UpstreamIndex:
         self._modules: dict[str, ModuleInfo | None] = {}
         self._mro: dict[SymbolRef, list[SymbolRef]] = {}
         self._self_attributes: dict[SymbolRef, dict[str, dict[str, ast.stmt]]] = {}
+        #: whether a class's own method calls ``super().<method>(...)``, by (class, method)
+        self._super_calls: dict[tuple[SymbolRef, str], bool] = {}
 
     # ------------------------------------------------------------------ modules
 
@@ -374,13 +376,20 @@ class UpstreamIndex:
             for method, assigned in self._assigned_on_self(cls).items():
                 if not handed_on.get(method, True):
                     continue  # overridden by a definition that never calls it
-                node = self.own_members(cls)[method]
-                handed_on[method] = _calls_super(node, method)
+                handed_on[method] = self._hands_on(cls, method)
                 if name in assigned:
                     info = self.module(cls.module)
                     assert info is not None
                     return Member(cls.member(name), assigned[name], info)
         return None
+
+    def _hands_on(self, cls: SymbolRef, method: str) -> bool:
+        """Whether ``cls``'s own ``method`` calls ``super().<method>(...)`` (walked once: every
+        attribute lookup along an MRO asks again)."""
+        key = (cls, method)
+        if key not in self._super_calls:
+            self._super_calls[key] = _calls_super(self.own_members(cls)[method], method)
+        return self._super_calls[key]
 
     def _assigned_on_self(self, cls: SymbolRef) -> dict[str, dict[str, ast.stmt]]:
         """Per method of the class's own body: the attributes it sets on ``self``."""
