@@ -205,6 +205,19 @@ def benchmarks(session: nox.Session) -> None:
     ]
     for name in names:
         session.run(python, f"benchmarks/{name}.py", external=True)
+    if "serving" in names:
+        session.notify("plots")
+
+
+#: the plotting library `plots` installs (the CPU env has none, and needs none)
+MATPLOTLIB = "matplotlib==3.11.2"
+
+
+@nox.session(reuse_venv=True, default=False)
+def plots(session: nox.Session) -> None:
+    """Draw docs/plots/serving.png from the figures `benchmarks/serving.py` wrote (`benchmarks` runs it after serving)."""
+    session.install(MATPLOTLIB)
+    session.run("python", "benchmarks/plot_serving.py")
 
 
 @nox.session(name="npu-check", venv_backend="none", default=False)

@@ -112,6 +112,12 @@ def check_headers(
     return totals[group.ffn_rank]
 
 
+#: one remote layer's seconds on the FFN side, in order: receiving its activations (from the
+#: moment the server asked for them: the Attention side may still be computing), computing its
+#: FFN, sending the output back
+LayerSeconds = tuple[float, float, float]
+
+
 def serve_step(
     model: FFNModel,
     vllm_config: VllmConfig,
@@ -121,31 +127,39 @@ def serve_step(
     tokens: int,
     graphs: FFNGraphs | None = None,
     forward_context: ForwardContext = vllm_forward_context,
-) -> tuple[list[int], bool]:
-    """Compute every remote layer of one step: the rows each layer computed on, in layer order,
-    and whether the step ran from ``graphs`` (only a step every peer replays from a graph may).
-    A step some peer split into micro-batches runs eagerly, unit by unit
-    (:func:`serve_split_step`)."""
+) -> tuple[list[int], bool, list[LayerSeconds]]:
+    """Compute every remote layer of one step: the rows each layer computed on, in layer order;
+    whether the step ran from ``graphs`` (only a step every peer replays from a graph may); and,
+    for a step run eagerly, each layer's :data:`LayerSeconds` (none for a graph's replay). A step
+    some peer split into micro-batches runs eagerly, unit by unit (:func:`serve_split_step`)."""
     if any(h.ubatch_tokens for h in headers):
         split = serve_split_step(model, vllm_config, connector, layers, headers, forward_context)
-        return split, False
+        return split, False, []
     from_graphs = graphs is not None and replays_graphs(headers)
-    rows = []
+    rows, seconds = [], []
+    clock = time.perf_counter
     with torch.inference_mode(), forward_context(vllm_config, tokens):
         for layer_idx in layers:
-
-            def layer(layer_idx: int = layer_idx) -> int:
-                received = connector.recv(layer_idx)
-                connector.send(layer_idx, ffn_output(model, layer_idx, received))
-                return int(received.hidden_states.shape[0])
-
             if graphs is not None and from_graphs:
+
+                def layer(layer_idx: int = layer_idx) -> int:
+                    received = connector.recv(layer_idx)
+                    connector.send(layer_idx, ffn_output(model, layer_idx, received))
+                    return int(received.hidden_states.shape[0])
+
                 # a graph moves what its key fixes: the peers' announced tokens
                 graphs.run(FFNGraphKey.of(layer_idx, headers), layer)
                 rows.append(tokens)
-            else:
-                rows.append(layer())
-    return rows, from_graphs
+                continue
+            started = clock()
+            received = connector.recv(layer_idx)
+            arrived = clock()
+            output = ffn_output(model, layer_idx, received)
+            computed = clock()
+            connector.send(layer_idx, output)
+            seconds.append((arrived - started, computed - arrived, clock() - computed))
+            rows.append(int(received.hidden_states.shape[0]))
+    return rows, from_graphs, seconds
 
 
 def serve_split_step(
@@ -329,7 +343,7 @@ class FFNServer:
                 dtype=self.dtype,
                 token_ids=self.token_ids,
             )
-            rows, from_graphs = serve_step(
+            rows, from_graphs, seconds = serve_step(
                 self.model,
                 self.vllm_config,
                 self.connector,
@@ -350,6 +364,7 @@ class FFNServer:
                         "rows": rows,
                         "graph": from_graphs,
                         "split": split,
+                        "layer_seconds": seconds,
                     }
                 )
             self.steps += 1
@@ -358,8 +373,9 @@ class FFNServer:
         """The last :data:`RECENT_STEPS` steps, oldest first: ``step`` (its index), ``peers``
         (Attention rank -> tokens its header announced), ``tokens`` (this FFN rank's step count
         from :func:`check_headers`), ``rows`` (rows each remote layer received and computed),
-        ``graph`` (whether the step ran from FFN graphs) and ``split`` (whether some peer split
-        it into micro-batches)."""
+        ``graph`` (whether the step ran from FFN graphs), ``split`` (whether some peer split
+        it into micro-batches) and ``layer_seconds`` (each remote layer's :data:`LayerSeconds`
+        when the step ran eagerly and unsplit)."""
         with self._recent_lock:
             return list(self._recent)
 

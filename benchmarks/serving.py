@@ -1,11 +1,16 @@
-"""AFD serving on the CPU platform: throughput against a plain vLLM server, and the connector's
-round trip against raw gloo and raw TCP.
+"""AFD serving on the CPU platform against the best plain vLLM on the same cores, and the
+connector's round trip against raw gloo and raw TCP.
 
-    python benchmarks/serving.py [--only throughput|connector]
+    python benchmarks/serving.py [--only throughput|connector] [--enforce-eager]
 
-Throughput (section ``serving``): tokens/s of 1 and 8 concurrent requests (64 tokens each) to the
-AFD pair and to a plain ``vllm serve`` of the same tiny model, measured alternately in one run,
-first with vLLM's default compilation, then with ``--enforce-eager`` (all servers restarted).
+Throughput (section ``serving``): vLLM's own client (``vllm bench serve``: random prompts of 64
+tokens, 32 tokens out, ``--ignore-eos``) at concurrency 1, 8 and 32 against the AFD pair
+(Attention on the first core, FFN on the second) and against plain vLLM on the same two cores,
+configured both ways a plain deployment could use them (one engine on both cores, one engine on
+one core); the faster plain configuration at each concurrency is the baseline. Every server runs
+in vLLM's default compiled mode (or all with ``--enforce-eager``), with the same engine flags. The
+figures also go to ``docs/plots/serving.json``, which ``nox -s plots`` draws as
+``docs/plots/serving.png``.
 
 Connector (section ``connector``): the mean round trip per layer of the gloo connector, of raw gloo
 with every receive posted before the send it answers, and of raw TCP, all three moving the same
@@ -17,87 +22,202 @@ of the better raw baseline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from _results import write_section
+from _results import DOC, write_section
 
 from afd_models.cli import serve
+from afd_models.cli.bench_serve import (
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    Comparison,
+    Serving,
+    measure_all,
+    start_equal_hardware,
+)
 from afd_models.cli.gloo_bench import TARGET_RATIO, RoundTrips, Timing, measure
 from afd_models.cli.tiny_models import write_tiny_model
 
-PROMPT = "Attention-FFN disaggregation serves one model as two deployments"
+CONCURRENCIES = (1, 8, 32)
+#: every engine may batch the highest concurrency (the launcher's default is 16 sequences)
+ENGINE_FLAGS = ("--max-num-seqs", str(max(CONCURRENCIES)))
+#: the figures ``nox -s plots`` draws
+FIGURES = DOC.parent / "plots" / "serving.json"
 
 
-def rate(server: serve.Server, concurrency: int, tokens: int = 64) -> float:
-    started = time.monotonic()
-    with ThreadPoolExecutor(concurrency) as pool:
-        outputs = list(
-            pool.map(
-                lambda i: serve.complete(server, f"{PROMPT} {i}", tokens, timeout_s=600),
-                range(concurrency),
+def say(message: str) -> None:
+    print(f"[serving {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where the AFD pair's time went in one measured run, in ms."""
+
+    concurrency: int
+    #: the run's TPOT median: about one decode step
+    tpot_ms: float
+    #: Attention side, mean per remote layer: from sending the layer to holding its output
+    round_trip_ms: float
+    #: FFN side, by remote layer: mean receive (waiting included), compute and send of its
+    #: eagerly served steps
+    ffn_ms: tuple[tuple[float, float, float], ...]
+    ffn_steps: int
+
+
+class WhereTimeGoes:
+    """Reads both roles of the AFD pair around each measured run (AFDProbe)."""
+
+    def __init__(self, attention: serve.Server, ffn: serve.Server):
+        self.attention, self.ffn = attention, ffn
+        self.found: list[tuple[Serving, Breakdown]] = []
+
+    def _last_step(self) -> int:
+        steps = serve.collective_rpc(self.ffn, "afd_ffn_steps")[0]
+        return int(steps[-1]["step"]) if steps else -1
+
+    def start(self) -> None:
+        self._stats, self._step = serve.connector_stats(self.attention), self._last_step()
+
+    def finish(self, run: Serving) -> None:
+        stats = serve.connector_stats(self.attention)
+        exchanges = stats["exchanges"] - self._stats["exchanges"]
+        spent = (
+            stats["mean_round_trip_s"] * stats["exchanges"]
+            - self._stats["mean_round_trip_s"] * self._stats["exchanges"]
+        )
+        steps = [
+            step
+            for step in serve.collective_rpc(self.ffn, "afd_ffn_steps")[0]
+            if step["step"] > self._step and step["layer_seconds"]
+        ]
+        if not exchanges or not steps:
+            raise RuntimeError(
+                f"the AFD pair exchanged {exchanges} layers and served {len(steps)} timed steps "
+                f"during the run at concurrency {run.concurrency}: nothing to break down"
+            )
+        by_layer = zip(*(step["layer_seconds"] for step in steps), strict=True)
+        ffn_ms = tuple(
+            tuple(1e3 * statistics.fmean(phase) for phase in zip(*layer, strict=True))
+            for layer in by_layer
+        )
+        self.found.append(
+            (
+                run,
+                Breakdown(
+                    run.concurrency, run.tpot_median_ms, 1e3 * spent / exchanges, ffn_ms, len(steps)
+                ),
             )
         )
-    return sum(map(len, outputs)) / (time.monotonic() - started)
+
+    def of(self, run: Serving) -> Breakdown:
+        return next(breakdown for kept, breakdown in self.found if kept is run)
 
 
-def throughputs(model: Path, logs: Path, eager: bool) -> dict[int, tuple[float, float]]:
-    """Concurrency -> (AFD pair, plain vLLM) tokens/s, with every server in one mode."""
-    afd = {"port": serve.free_port()}
-    mode = {"dtype": "bfloat16", "eager": eager}
-    tag = "eager" if eager else "compiled"
-    servers = [
-        serve.start_ffn(
-            f"ffn-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(1), **mode
-        ),
-        serve.start_attention(
-            f"attention-{tag}", model, serve.free_port(), logs, afd, cpu=serve.cpu(0), **mode
-        ),
-        serve.start(f"baseline-{tag}", model, serve.free_port(), logs, cpu=serve.cpu(0), **mode),
-    ]
-    results = {}
-    try:
-        serve.wait_ready(servers, timeout_s=900, progress=True)
-        _, attention, baseline = servers
-        for server in (attention, baseline):
-            if serve.ran_compiled(server) == eager:
-                raise RuntimeError(f"{server.name} did not run in {tag} mode:\n{server.log_tail()}")
-        for concurrency in (1, 8):
-            rate(attention, concurrency, 8)
-            rate(baseline, concurrency, 8)
-            afd_rate = max(rate(attention, concurrency) for _ in range(2))
-            base_rate = max(rate(baseline, concurrency) for _ in range(2))
-            results[concurrency] = (afd_rate, base_rate)
-    finally:
-        for server in servers:
-            serve.stop(server)
-    return results
-
-
-def serving() -> None:
+def throughputs(eager: bool, repeats: int) -> tuple[list[Comparison], list[Breakdown], str]:
+    """One comparison per concurrency, where the AFD pair's time went in its kept runs, and
+    which cores each deployment had."""
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp) / "model", "v2", seed=0)
         logs = Path(tmp) / "logs"
-        compiled = throughputs(model, logs, eager=False)
-        eager = throughputs(model, logs, eager=True)
-    rows = []
-    for concurrency in (1, 8):
-        (afd_c, base_c), (afd_e, base_e) = compiled[concurrency], eager[concurrency]
-        rows.append(
-            f"| {concurrency} | {afd_c:.0f} | {base_c:.0f} | {afd_c / base_c:.2f} "
-            f"| {afd_e:.0f} | {base_e:.0f} | {afd_e / base_e:.2f} "
-            f"| {afd_c / afd_e:.2f} | {base_c / base_e:.2f} |"
+        group = start_equal_hardware(
+            model,
+            logs,
+            {"port": serve.free_port()},
+            afd_env={"VLLM_SERVER_DEV_MODE": "1"},
+            dtype="bfloat16",
+            eager=eager,
+            extra=ENGINE_FLAGS,
         )
+        try:
+            say("starting the AFD pair and plain vLLM (compiling takes minutes on 2 cores)")
+            serve.wait_ready(group.servers, timeout_s=1200, progress=True)
+            for server in (group.afd.server, *(p.server for p in group.plain)):
+                if serve.ran_compiled(server) == eager:
+                    mode = "eager" if eager else "compiled"
+                    raise RuntimeError(f"{server.name} did not run {mode}:\n{server.log_tail()}")
+            probe = WhereTimeGoes(group.afd.server, group.ffn)
+            comparisons = measure_all(
+                group, model, CONCURRENCIES, say, repeats=repeats, probe=probe
+            )
+        finally:
+            for server in group.servers:
+                serve.stop(server)
+    return comparisons, [probe.of(c.afd) for c in comparisons], group.cores()
+
+
+def _breakdown_table(breakdowns: list[Breakdown]) -> str:
+    rows = []
+    for b in breakdowns:
+        for position, (receive, compute, send) in enumerate(b.ffn_ms):
+            rows.append(
+                f"| {b.concurrency} | {position + 1} | {b.round_trip_ms:.3f} | {receive:.3f} "
+                f"| {compute:.3f} | {send:.3f} | {b.round_trip_ms - compute:.3f} "
+                f"| {b.tpot_ms - len(b.ffn_ms) * b.round_trip_ms:.3f} |"
+            )
+    return (
+        "| concurrency | remote layer | Attention: round trip (mean of the layers) | FFN: receive, "
+        "waiting included | FFN: compute | FFN: send | round trip less FFN compute "
+        "(transport, Python) | TPOT median less the round trips (Attention compute, "
+        "scheduling, sampling) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows)
+    )
+
+
+def serving(eager: bool, repeats: int) -> None:
+    comparisons, breakdowns, cores = throughputs(eager, repeats)
+    FIGURES.parent.mkdir(exist_ok=True)
+    FIGURES.write_text(
+        json.dumps(
+            [dataclasses.asdict(run) for c in comparisons for run in (c.afd, *c.plain)], indent=1
+        )
+        + "\n"
+    )
+    rows = []
+    for c in comparisons:
+        for run in (c.afd, *c.plain):
+            mark = " (baseline)" if run is c.baseline else ""
+            rows.append(
+                f"| {run.concurrency} | {run.deployment}{mark} | {run.cores} "
+                f"| {run.output_tokens_per_s:.0f} | {run.per_core:.0f} "
+                f"| {run.ttft_median_ms:.1f} / {run.ttft_p99_ms:.1f} "
+                f"| {run.tpot_median_ms:.2f} / {run.tpot_p99_ms:.2f} |"
+            )
+    ratios = "\n".join(
+        f"| {c.afd.concurrency} | {c.baseline.deployment} | {c.throughput_ratio:.2f} "
+        f"| {c.afd.per_core / c.baseline.per_core:.2f} | {c.tpot_ratio:.2f} |"
+        for c in comparisons
+    )
+    mode = "`--enforce-eager`" if eager else "compiled (vLLM's default)"
     write_section(
         "serving",
-        "Throughput (tokens/s, 64 tokens per request, best of 2), compiled (vLLM's default) and "
-        "`--enforce-eager`:\n\n"
-        "| concurrent requests | AFD pair, compiled | plain, compiled | AFD / plain | "
-        "AFD pair, eager | plain, eager | AFD / plain | AFD compiled / eager | plain compiled / eager |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows),
+        f"All engines {mode}, bf16, the same engine flags. Cores: {cores}. The client "
+        f"(`vllm bench serve`, random {INPUT_TOKENS} tokens in, {OUTPUT_TOKENS} out, "
+        "`--ignore-eos`, 4 requests per concurrency slot, at least 16, after a warm-up) is not "
+        f"bound and shares the two cores. Best of {repeats} rounds per deployment (the "
+        "deployments take turns).\n\n"
+        "| concurrency | deployment | cores | output tok/s | per core | TTFT ms, median / p99 "
+        "| TPOT ms, median / p99 |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+        "The AFD pair against the faster plain configuration on the same cores:\n\n"
+        "| concurrency | baseline | AFD / baseline, output tok/s | per core | AFD / baseline, "
+        "TPOT median |\n| --- | --- | --- | --- | --- |\n" + ratios + "\n\n"
+        "Where the AFD pair's time went in those runs, ms per remote layer (with the gate on "
+        "the FFN role, the FFN engine computes every layer's MLP: layer 1 is the dense MLP, "
+        "the others are MoE layers). From the Attention worker's connector statistics and the "
+        "FFN server's per-layer timings of the run's steps; the FFN's receive of layer 1 comes "
+        "with the step header it waited for, its later receives include the Attention "
+        "engine's compute of the layer's attention:\n\n"
+        + _breakdown_table(breakdowns)
+        + "\n\n![output tokens/s and TPOT median against concurrency](plots/serving.png)",
+        command="python benchmarks/serving.py --only throughput"
+        + (" --enforce-eager" if eager else ""),
     )
 
 
@@ -165,9 +285,13 @@ def connector() -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("throughput", "connector"))
+    parser.add_argument("--enforce-eager", action="store_true", help="every engine eager")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds per deployment (best kept)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats}: must be at least 1")
     if args.only != "connector":
-        serving()
+        serving(args.enforce_eager, args.repeats)
     if args.only != "throughput" and not connector():
         print(
             f"connector: target <= {TARGET_RATIO}x missed (see docs/benchmarks.md)", file=sys.stderr

@@ -27,6 +27,8 @@ SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
 }
+#: the name every server answers to (``model`` in requests)
+SERVED_MODEL_NAME = "tiny"
 #: engine flags shared by the AFD pair and the baseline, so their outputs are comparable; vLLM's
 #: default compilation unless a server is started with ``eager=True``
 COMMON_ARGS = (
@@ -37,7 +39,7 @@ COMMON_ARGS = (
     "--max-num-seqs",
     "16",
     "--served-model-name",
-    "tiny",
+    SERVED_MODEL_NAME,
 )
 ATTENTION_WORKER = "afd_models.workers.AFDAttentionCPUWorker"
 FFN_WORKER = "afd_models.workers.AFDFFNCPUWorker"
@@ -256,7 +258,7 @@ def complete(server: Server, prompt: str, max_tokens: int, timeout_s: float = 12
         server,
         "/v1/completions",
         {
-            "model": "tiny",
+            "model": SERVED_MODEL_NAME,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,

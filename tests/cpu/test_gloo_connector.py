@@ -1095,8 +1095,10 @@ def test_a_split_step_crosses_in_the_order_each_peer_posts_it(plane: str) -> Non
     try:
         headers = ffn.wait_step(threading.Event())
         assert [h.ubatches for h in headers] == [(3,), (2, 3)]
-        rows, from_graphs = serve_step(model, VllmConfig(), ffn, LAYERS, headers, sum(TOKENS))
-        assert rows == [sum(TOKENS)] * len(LAYERS) and not from_graphs
+        rows, from_graphs, seconds = serve_step(
+            model, VllmConfig(), ffn, LAYERS, headers, sum(TOKENS)
+        )
+        assert rows == [sum(TOKENS)] * len(LAYERS) and not from_graphs and not seconds
         outcomes = sorted(results.get(timeout=60) for _ in peers)
     finally:
         _stop_pair(ffn, peers, release)

@@ -4,7 +4,8 @@ Both pairs run in vLLM's default compiled mode, against one baseline compiled th
 
 * **From the checkout** (the primary release), the gate on the FFN, the FFN started first:
   greedy completions of 4 concurrent requests equal the baseline's, token for token; both roles'
-  ``/metrics`` show the AFD series of the exchanges; the FFN engine refuses requests; killing the
+  ``/metrics`` show the AFD series of the exchanges; ``vllm bench serve`` completes its requests
+  (as the demo runs it); the FFN engine refuses requests; killing the
   FFN makes Attention requests fail with a clear error within the connector timeout; both roles
   stop and release their ports.
 * **From the installed wheel** (every release; tests/e2e_cpu/test_install.py checks the wheel
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_models.cli import serve
+from afd_models.cli import bench_serve, serve
 from tests import probes
 from tests.e2e_cpu.conftest import WheelVenv
 
@@ -108,6 +109,12 @@ def test_pair_matches_baseline_and_fails_cleanly(
         assert all(len(tokens) == MAX_TOKENS for tokens in expected)
         assert serve.ran_compiled(attention), attention.log_tail()
         _check_metrics(attention, ffn, tokens=len(PROMPTS) * MAX_TOKENS)
+        # vLLM's own client, as the demo and benchmarks/serving.py drive it
+        cores = (serve.cpu(0), serve.cpu(1))
+        run = bench_serve.bench_serve(
+            bench_serve.Deployment("AFD pair", attention, cores, plain=False), model, 2, 4
+        )
+        assert run.output_tokens_per_s > 0 and run.tpot_median_ms > 0, run
 
         status, _ = serve.post(
             ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
