@@ -86,20 +86,15 @@ class WhereTimeGoes:
         self._stats, self._step = serve.connector_stats(self.attention), self._last_step()
 
     def finish(self, run: Serving) -> None:
-        stats = serve.connector_stats(self.attention)
-        exchanges = stats["exchanges"] - self._stats["exchanges"]
-        spent = (
-            stats["mean_round_trip_s"] * stats["exchanges"]
-            - self._stats["mean_round_trip_s"] * self._stats["exchanges"]
-        )
+        exchanges = serve.exchanges_between(self._stats, serve.connector_stats(self.attention))
         steps = [
             step
             for step in serve.collective_rpc(self.ffn, "afd_ffn_steps")[0]
             if step["step"] > self._step and step["layer_seconds"]
         ]
-        if not exchanges or not steps:
+        if not steps:
             raise RuntimeError(
-                f"the AFD pair exchanged {exchanges} layers and served {len(steps)} timed steps "
+                f"the AFD pair exchanged {exchanges.count} layers but served no timed step "
                 f"during the run at concurrency {run.concurrency}: nothing to break down"
             )
         by_layer = zip(*(step["layer_seconds"] for step in steps), strict=True)
@@ -111,7 +106,11 @@ class WhereTimeGoes:
             (
                 run,
                 Breakdown(
-                    run.concurrency, run.tpot_median_ms, 1e3 * spent / exchanges, ffn_ms, len(steps)
+                    run.concurrency,
+                    run.tpot_median_ms,
+                    1e3 * exchanges.mean_round_trip_s,
+                    ffn_ms,
+                    len(steps),
                 ),
             )
         )

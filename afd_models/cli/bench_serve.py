@@ -86,35 +86,39 @@ def start_equal_hardware(
     every :func:`serve.start` alike (``dtype``, ``eager``, ``extra``), ``afd_env`` to both roles
     of the pair."""
     first, second = serve.cpu(0), serve.cpu(1)
-    ffn = serve.start_ffn(
-        "ffn", model, serve.free_port(), logs, afd, cpu=second, env=afd_env, **engine
-    )
-    attention = serve.start_attention(
-        "attention", model, serve.free_port(), logs, afd, cpu=first, env=afd_env, **engine
-    )
     cores = tuple(dict.fromkeys((first, second)))
     configurations = (
         [(f"plain vLLM, 1 engine on {len(cores)} cores", cores)] if len(cores) > 1 else []
     )
     configurations.append(("plain vLLM, 1 engine on 1 core", (first,)))
-    plain = tuple(
-        Deployment(
-            name,
-            serve.start(
+    started: list[serve.Server] = []
+    try:  # a start that fails stops those before it: the caller never gets them back
+        ffn = serve.start_ffn(
+            "ffn", model, serve.free_port(), logs, afd, cpu=second, env=afd_env, **engine
+        )
+        started.append(ffn)
+        attention = serve.start_attention(
+            "attention", model, serve.free_port(), logs, afd, cpu=first, env=afd_env, **engine
+        )
+        started.append(attention)
+        plain = []
+        for name, cpus in configurations:
+            server = serve.start(
                 f"plain-{len(cpus)}-core",
                 model,
                 serve.free_port(),
                 logs,
                 cpu=",".join(cpus),
                 **engine,
-            ),
-            cpus,
-            plain=True,
-        )
-        for name, cpus in configurations
-    )
+            )
+            started.append(server)
+            plain.append(Deployment(name, server, cpus, plain=True))
+    except BaseException:
+        for server in started:
+            serve.stop(server)
+        raise
     return EqualHardware(
-        Deployment("AFD pair", attention, cores, plain=False), plain, ffn, first, second
+        Deployment("AFD pair", attention, cores, plain=False), tuple(plain), ffn, first, second
     )
 
 

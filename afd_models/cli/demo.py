@@ -92,13 +92,8 @@ def run(work: Path, concurrency: int, keep_logs: bool) -> int:
         say(f"measuring with `vllm bench serve`, {concurrency} requests in flight")
         before = serve.connector_stats(attention)
         [result] = bench_serve.measure_all(group, model, (concurrency,), say)
-        after = serve.connector_stats(attention)
-        exchanges = after["exchanges"] - before["exchanges"]
-        round_trip = (
-            after["mean_round_trip_s"] * after["exchanges"]
-            - before["mean_round_trip_s"] * before["exchanges"]
-        ) / exchanges
-        mean_bytes = (after["bytes_sent"] - before["bytes_sent"]) / exchanges
+        exchanges = serve.exchanges_between(before, serve.connector_stats(attention))
+        round_trip, mean_bytes = exchanges.mean_round_trip_s, exchanges.mean_bytes_sent
     finally:
         codes = [serve.stop(s) for s in group.servers]
     tokens = max(1, round(mean_bytes / (config["hidden_size"] * 2)))

@@ -290,6 +290,31 @@ def connector_stats(server: Server) -> dict[str, float]:
     return stats
 
 
+@dataclass(frozen=True)
+class Exchanges:
+    """The Attention worker's exchanges between two readings of :func:`connector_stats`."""
+
+    count: int
+    mean_round_trip_s: float
+    mean_bytes_sent: float
+
+
+def exchanges_between(before: Mapping[str, float], after: Mapping[str, float]) -> Exchanges:
+    """What the connector exchanged between ``before`` and ``after`` (its statistics are totals
+    since it connected); raises ServerError when it exchanged nothing."""
+    count = int(after["exchanges"] - before["exchanges"])
+    if count <= 0:
+        raise ServerError(
+            f"the Attention worker exchanged no layer between two readings of its connector "
+            f"statistics ({before} then {after})"
+        )
+    spent = (
+        after["mean_round_trip_s"] * after["exchanges"]
+        - before["mean_round_trip_s"] * before["exchanges"]
+    )
+    return Exchanges(count, spent / count, (after["bytes_sent"] - before["bytes_sent"]) / count)
+
+
 def stop(server: Server, timeout_s: float = 30.0) -> int | None:
     """SIGTERM the server's process group, wait, then SIGKILL what is left; the server's exit code."""
     if server.alive():
