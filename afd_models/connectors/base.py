@@ -99,8 +99,8 @@ class StepHeader:
     token_ids: bool = False
 
     MAGIC = 0xAFD0
-    #: int64 values on the wire
-    SIZE = 10
+    #: on the wire: ten little-endian int64 values
+    WIRE = struct.Struct("<10q")
 
     @property
     def ubatches(self) -> tuple[int, ...]:
@@ -109,28 +109,24 @@ class StepHeader:
             return (self.num_tokens,)
         return (self.ubatch_tokens, self.num_tokens - self.ubatch_tokens)
 
-    def encode(self) -> torch.Tensor:
-        return torch.tensor(
-            [
-                self.MAGIC,
-                self.step,
-                self.num_tokens,
-                self.hidden_size,
-                DTYPES.index(self.dtype),
-                self.logits_width,
-                DTYPES.index(self.logits_dtype),
-                int(self.graph),
-                self.ubatch_tokens,
-                int(self.token_ids),
-            ],
-            dtype=torch.int64,
+    def encode(self) -> bytes:
+        return self.WIRE.pack(
+            self.MAGIC,
+            self.step,
+            self.num_tokens,
+            self.hidden_size,
+            DTYPES.index(self.dtype),
+            self.logits_width,
+            DTYPES.index(self.logits_dtype),
+            int(self.graph),
+            self.ubatch_tokens,
+            int(self.token_ids),
         )
 
     @classmethod
-    def decode(cls, values: torch.Tensor) -> StepHeader:
-        magic, step, tokens, hidden, dtype_code, width, logits_code, graph, first, ids = (
-            int(v) for v in values.tolist()
-        )
+    def decode(cls, data: bytes | bytearray) -> StepHeader:
+        values = cls.WIRE.unpack(data)
+        magic, step, tokens, hidden, dtype_code, width, logits_code, graph, first, ids = values
         if (
             magic != cls.MAGIC
             or not all(0 <= c < len(DTYPES) for c in (dtype_code, logits_code))
@@ -139,7 +135,7 @@ class StepHeader:
             or ids not in (0, 1)
         ):
             raise AFDConnectionError(
-                f"received a malformed step header {values.tolist()} (is the peer an AFD connector?)"
+                f"received a malformed step header {list(values)} (is the peer an AFD connector?)"
             )
         return cls(
             step,
@@ -152,10 +148,6 @@ class StepHeader:
             first,
             bool(ids),
         )
-
-    @staticmethod
-    def empty() -> torch.Tensor:
-        return torch.zeros(StepHeader.SIZE, dtype=torch.int64)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """The gloo connector: the point-to-point protocol (:mod:`afd_models.connectors.p2p`) moving CPU
-tensors over a gloo process group, built with vLLM's stateless gloo helper on the connector
-group's own store. vLLM's CPU platform runs it; tensors of any other device are refused."""
+tensors through shared memory when every peer of a group shares the FFN worker's host
+(:mod:`afd_models.connectors.p2p.shm`), else over a gloo process group, built with vLLM's
+stateless gloo helper on the connector group's own store. vLLM's CPU platform runs it; tensors of
+any other device are refused."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from afd_models.connectors.build import ConnectAttention, ConnectFFN, Site
 from afd_models.connectors.p2p.attention import P2PAttentionConnector
 from afd_models.connectors.p2p.ffn import P2PFFNConnector
 from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
+from afd_models.connectors.p2p.shm import SharedMemoryPlane, negotiate
 from afd_models.connectors.p2p.wire import as_bytes
-from afd_models.connectors.specs import P2PExtraConfig
+from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import Group
 
 CPU = torch.device("cpu")
@@ -84,6 +87,41 @@ class GlooDataPlane(DataPlane):
                 pass
 
 
+class HostAwarePlane(DataPlane):
+    """Shared memory when every member of the group can map it (and ``shared_memory`` allows it on
+    every member), else gloo: chosen when the group forms, and said in :attr:`description`."""
+
+    name = "gloo"
+    first_layer_on_step_channel = True
+
+    def __init__(self, timeout_s: float, shared_memory: bool):
+        super().__init__(CPU, timeout_s)
+        self._shared_memory = shared_memory
+        self._chosen: DataPlane | None = None
+        self.description = "not formed"
+
+    def form(self, store: Store, group_rank: int, size: int) -> None:
+        chosen = negotiate(store, group_rank, size, self.timeout_s, self._shared_memory)
+        if isinstance(chosen, SharedMemoryPlane):
+            self._chosen = chosen
+            self.description = "shared memory (every peer on this host)"
+        else:
+            self._chosen = GlooDataPlane(self.timeout_s)
+            self._chosen.form(store, group_rank, size)
+            self.description = f"gloo over TCP ({chosen})"
+        self._chosen.where = self.where
+
+    def start(self, transfers: Sequence[Transfer], what: str) -> Wait:
+        if self._chosen is None:
+            raise AFDConnectionError(f"AFD gloo connector at {self.where} is closed")
+        return self._chosen.start(transfers, what)
+
+    def close(self) -> None:
+        chosen, self._chosen = self._chosen, None
+        if chosen is not None:
+            chosen.close()
+
+
 class GlooAttentionConnector(P2PAttentionConnector):
     """Attention side over gloo (see :class:`~afd_models.connectors.p2p.attention.P2PAttentionConnector`)."""
 
@@ -92,12 +130,11 @@ class GlooAttentionConnector(P2PAttentionConnector):
         host: str,
         group: Group,
         attention_rank: int,
-        extra: P2PExtraConfig,
+        extra: GlooExtraConfig,
         fingerprint: Fingerprint | None = None,
     ):
-        super().__init__(
-            host, group, attention_rank, extra, fingerprint, plane=GlooDataPlane(extra.timeout_s)
-        )
+        plane = HostAwarePlane(extra.timeout_s, extra.shared_memory)
+        super().__init__(host, group, attention_rank, extra, fingerprint, plane=plane)
 
 
 class GlooFFNConnector(P2PFFNConnector):
@@ -107,14 +144,13 @@ class GlooFFNConnector(P2PFFNConnector):
         self,
         host: str,
         group: Group,
-        extra: P2PExtraConfig,
+        extra: GlooExtraConfig,
         fingerprint: Fingerprint | None = None,
         *,
         stop: threading.Event | None = None,
     ):
-        super().__init__(
-            host, group, extra, fingerprint, plane=GlooDataPlane(extra.timeout_s), stop=stop
-        )
+        plane = HostAwarePlane(extra.timeout_s, extra.shared_memory)
+        super().__init__(host, group, extra, fingerprint, plane=plane, stop=stop)
 
 
 def prepare_attention(site: Site) -> ConnectAttention:

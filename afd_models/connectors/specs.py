@@ -58,6 +58,16 @@ class P2PExtraConfig:
 
 
 @dataclass(frozen=True)
+class GlooExtraConfig(P2PExtraConfig):
+    """``connector_extra_config`` of the gloo connector: the point-to-point timeouts, and whether a
+    group whose peers all share the FFN worker's host moves its layers through shared memory."""
+
+    #: true: shared memory when every peer of the group can map it (same host, same ``/dev/shm``,
+    #: same user), gloo over TCP otherwise; false: gloo over TCP always
+    shared_memory: bool = _setting(True, Value.BOOLEAN)
+
+
+@dataclass(frozen=True)
 class LoopbackExtraConfig:
     """``connector_extra_config`` of the in-process loopback connector (no settings)."""
 
@@ -93,7 +103,8 @@ class CAMAsyncExtraConfig:
 class Plane(enum.Enum):
     """What moves a connector's tensors between the roles."""
 
-    #: tagged gloo sends and receives of CPU tensors, from Python
+    #: CPU tensors from Python: through shared memory between peers on one host, tagged gloo
+    #: sends and receives otherwise
     GLOO = "gloo"
     #: NCCL sends and receives of CUDA tensors (vLLM's PyNcclCommunicator)
     NCCL = "nccl"
@@ -171,7 +182,7 @@ SPECS: tuple[ConnectorSpec, ...] = (
         platforms=("cpu",),
         default_on=("cpu",),
         plane=Plane.GLOO,
-        extra_config=P2PExtraConfig,
+        extra_config=GlooExtraConfig,
         peer_restart=True,
         attention="afd_models.connectors.gloo:prepare_attention",
         ffn="afd_models.connectors.gloo:prepare_ffn",

@@ -23,12 +23,12 @@ import torch
 
 from afd_models.cli.serve import free_port
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
-from afd_models.connectors.specs import P2PExtraConfig
+from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import Group, groups
 from tests.logs import AFDLines
 from tests.probes import port_is_free
 
-EXTRA = P2PExtraConfig(connect_timeout_s=60, timeout_s=30)
+EXTRA = GlooExtraConfig(connect_timeout_s=60, timeout_s=30)
 LAYERS = [0, 2]
 #: a refused handshake must end well within both timeouts of EXTRA
 FAST_S = 10.0
@@ -146,18 +146,30 @@ class GlooPlaysNccl:
         self.pg.abort()
 
 
-#: the data planes every connector test here runs over
-PLANES = ("gloo", "nccl")
+#: the data planes every connector test here runs over: the gloo connector's two (shared memory
+#: between peers on one host, and gloo as across hosts) and NCCL's
+PLANES = ("shm", "gloo", "nccl")
+#: what each plane's connectors say they use
+IN_USE = {
+    "shm": "shared memory (every peer on this host)",
+    "gloo": "gloo over TCP (shared_memory is false on the FFN worker)",
+    "nccl": "nccl",
+}
+
+
+def _extra(plane: str) -> GlooExtraConfig:
+    """The test deployment's settings for ``plane`` (the gloo plane: shared memory off)."""
+    return dataclasses.replace(EXTRA, shared_memory=plane != "gloo")
 
 
 def _attention_connector(
     plane: str, rank: int, port: int, made: list[Any], **changes: object
 ) -> Any:
     group, fingerprint = groups(2, 1, port)[0], _fingerprint(rank, **changes)
-    if plane == "gloo":
+    if plane != "nccl":
         from afd_models.connectors.gloo import GlooAttentionConnector
 
-        return GlooAttentionConnector("127.0.0.1", group, rank, EXTRA, fingerprint)
+        return GlooAttentionConnector("127.0.0.1", group, rank, _extra(plane), fingerprint)
     from afd_models.connectors.nccl import NcclAttentionConnector
 
     return NcclAttentionConnector(
@@ -173,10 +185,10 @@ def _attention_connector(
 
 def _ffn_connector(plane: str, port: int, made: list[Any], **changes: object) -> Any:
     group, fingerprint = groups(2, 1, port)[0], _fingerprint(0, **changes)
-    if plane == "gloo":
+    if plane != "nccl":
         from afd_models.connectors.gloo import GlooFFNConnector
 
-        return GlooFFNConnector("127.0.0.1", group, EXTRA, fingerprint)
+        return GlooFFNConnector("127.0.0.1", group, _extra(plane), fingerprint)
     from afd_models.connectors.nccl import NcclFFNConnector
 
     return NcclFFNConnector(
@@ -287,6 +299,7 @@ def _ffn_series() -> list[dict[str, float]]:
 
 def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
     plane, ffn, peers, results, release, made = pair
+    assert ffn.data_plane == IN_USE[plane]
     # the counters of this process add up over the tests run in it: count from here
     before = _ffn_series()
     for step in range(STEPS):
@@ -486,7 +499,7 @@ def test_attention_without_ffn_fails_clearly() -> None:
         ),
     ):
         _quick_progress(GlooAttentionConnector)(
-            "127.0.0.1", groups(1, 1, port)[0], 0, P2PExtraConfig(connect_timeout_s=2)
+            "127.0.0.1", groups(1, 1, port)[0], 0, GlooExtraConfig(connect_timeout_s=2)
         )
     assert time.monotonic() - started < 10
     assert _open_fds() - fds == set()
@@ -503,10 +516,10 @@ def test_ffn_names_the_attention_ranks_it_still_waits_for() -> None:
     from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
 
     group = groups(2, 1, free_port())[0]
-    extra = P2PExtraConfig(connect_timeout_s=3, timeout_s=30)
+    extra = GlooExtraConfig(connect_timeout_s=3, timeout_s=30)
     # rank 0 starts first: with the same budget it could time out before the FFN side's answer
     # reaches it (a slow machine did); a longer one makes the FFN side's the deadline that ends it
-    patient = P2PExtraConfig(connect_timeout_s=30, timeout_s=30)
+    patient = GlooExtraConfig(connect_timeout_s=30, timeout_s=30)
     outcome: list[BaseException] = []
 
     def attention() -> None:

@@ -29,7 +29,7 @@ from afd_models.cli.serve import free_port
 from afd_models.config import AFDConfigError, parse_afd_config
 from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, AFDPeerLostError
 from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
-from afd_models.connectors.specs import P2PExtraConfig
+from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.ffn_server import FFNServer
 from afd_models.runner_roles import FFNRejoin, fail_lost_step, forward_across_restarts
 from afd_models.scheduler import SCHEDULER_CLS
@@ -40,7 +40,7 @@ from tests.probes import port_is_free
 
 HIDDEN = 16
 LAYERS = [1, 2]
-EXTRA = P2PExtraConfig(connect_timeout_s=30, timeout_s=10)
+EXTRA = GlooExtraConfig(connect_timeout_s=30, timeout_s=10)
 
 
 class DoublingModel:
@@ -94,7 +94,7 @@ def _ffn_server(
         reconnect=lambda stop: GlooFFNConnector(
             "127.0.0.1",
             group,
-            P2PExtraConfig(connect_timeout_s=restart_s, timeout_s=EXTRA.timeout_s),
+            GlooExtraConfig(connect_timeout_s=restart_s, timeout_s=EXTRA.timeout_s),
             stop=stop,
         ),
     )

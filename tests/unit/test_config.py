@@ -17,7 +17,11 @@ from afd_models.config import (
     parse_afd_config,
     require_afd_config,
 )
-from afd_models.connectors.specs import CAMAsyncExtraConfig, CAMP2PExtraConfig, P2PExtraConfig
+from afd_models.connectors.specs import (
+    CAMAsyncExtraConfig,
+    CAMP2PExtraConfig,
+    GlooExtraConfig,
+)
 from afd_models.topology import check_attention_engine
 
 
@@ -33,7 +37,8 @@ def test_defaults() -> None:
         1,
     )
     assert config.compute_gate_on_attention is False and config.rank_offset == 0
-    assert config.connector_extra_config == P2PExtraConfig()
+    assert config.connector_extra_config == GlooExtraConfig()
+    assert config.connector_extra_config.shared_memory is True
 
 
 def test_full_config() -> None:
@@ -48,11 +53,17 @@ def test_full_config() -> None:
             "num_ffn_ranks": 2,
             "rank_offset": 2,
             "compute_gate_on_attention": True,
-            "connector_extra_config": {"timeout_s": 5, "connect_timeout_s": 30.5},
+            "connector_extra_config": {
+                "timeout_s": 5,
+                "connect_timeout_s": 30.5,
+                "shared_memory": False,
+            },
         }
     )
     assert config.is_attention and config.compute_gate_on_attention and config.rank_offset == 2
-    assert config.connector_extra_config == P2PExtraConfig(connect_timeout_s=30.5, timeout_s=5.0)
+    assert config.connector_extra_config == GlooExtraConfig(
+        connect_timeout_s=30.5, timeout_s=5.0, shared_memory=False
+    )
 
 
 @pytest.mark.parametrize(
@@ -430,6 +441,14 @@ def test_cam_schemas_are_closed_and_typed(connector: str, extra: dict, message: 
     with pytest.raises(AFDConfigError) as raised:
         parse_afd_config(_cam(connector, extra))
     assert message in str(raised.value)
+
+
+def test_gloo_shared_memory_is_true_or_false() -> None:
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "connector_extra_config": {"shared_memory": "auto"}})
+    assert f"{EXTRA_KEY}.shared_memory='auto' is not allowed; allowed: true or false" in str(
+        raised.value
+    )
 
 
 @pytest.mark.parametrize(

@@ -97,10 +97,10 @@ def test_header_carries_whether_token_ids_come(token_ids: bool) -> None:
 def test_malformed_header_is_refused(position: int, value: int) -> None:
     """A wrong magic, dtype code, graph flag, micro-batch split (a first micro-batch of all
     the step's tokens or fewer than none) or token-id flag is refused."""
-    values = StepHeader(0, 10, 8, torch.float32).encode()
+    values = list(StepHeader.WIRE.unpack(StepHeader(0, 10, 8, torch.float32).encode()))
     values[position] = value
     with pytest.raises(AFDConnectionError, match="malformed step header"):
-        StepHeader.decode(values)
+        StepHeader.decode(StepHeader.WIRE.pack(*values))
 
 
 def test_token_ids_go_with_the_token_id_layers_only() -> None:

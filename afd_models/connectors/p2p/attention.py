@@ -155,6 +155,11 @@ class P2PAttentionConnector(AFDConnector):
             )
         super().set_layers(layers, token_id_layers)
 
+    @property
+    def data_plane(self) -> str:
+        """What moves the layers, and why (the plane chosen when the group formed)."""
+        return self._group.plane.description
+
     def ffn_is_hosting(self) -> bool:
         """Whether an FFN worker hosts this connector's group now (one probe of its store)."""
         return probe(self._group.host, self._group.group.port, PROBE_EVERY_S) is None
@@ -237,7 +242,7 @@ class P2PAttentionConnector(AFDConnector):
     def _write_step(self, header: StepHeader, tensors: list[torch.Tensor]) -> None:
         try:
             self._live_steps.sendall(
-                b"".join([header.encode().numpy(), *(as_bytes(t).numpy() for t in tensors)])
+                b"".join([header.encode(), *(as_bytes(t).numpy() for t in tensors)])
             )
         except OSError as exc:
             raise AFDPeerGoneError(

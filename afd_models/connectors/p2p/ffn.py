@@ -255,6 +255,11 @@ class P2PFFNConnector(FFNConnector):
             )
         return None
 
+    @property
+    def data_plane(self) -> str:
+        """What moves the layers, and why (the plane chosen when the group formed)."""
+        return self._group.plane.description
+
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
         deadline = time.monotonic() + self.idle_timeout_s
         headers = []
@@ -272,8 +277,8 @@ class P2PFFNConnector(FFNConnector):
                         f"{self._connector}: no step from rank {peer} "
                         f"for {self.idle_timeout_s:.0f} s (idle_timeout_s)"
                     )
-            values = StepHeader.empty()
-            self._read(channel, values, f"step header from rank {peer}")
+            values = bytearray(StepHeader.WIRE.size)
+            self._read_bytes(channel, memoryview(values), f"step header from rank {peer}")
             headers.append(StepHeader.decode(values))
         for metrics, header in zip(self.metrics, headers, strict=True):
             metrics.step(header.num_tokens)
@@ -338,8 +343,11 @@ class P2PFFNConnector(FFNConnector):
         )
 
     def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
+        self._read_bytes(channel, memoryview(out.view(torch.uint8).numpy()), what)
+
+    def _read_bytes(self, channel: socket.socket, out: memoryview, what: str) -> None:
         try:
-            read_into(channel, memoryview(out.view(torch.uint8).numpy()))
+            read_into(channel, out)
         except OSError as exc:
             raise AFDPeerGoneError(f"{self._connector}: {what} failed: {exc}") from exc
 

@@ -82,6 +82,8 @@ class DataPlane(ABC):
         self.timeout_s = timeout_s
         #: ``host:port`` of the group, for messages
         self.where = "?"
+        #: what moves the tensors, as the start-up report says it
+        self.description = self.name
 
     @abstractmethod
     def form(self, store: Store, group_rank: int, size: int) -> None:

@@ -147,11 +147,12 @@ class Rendezvous:
             ) from None
         self.formed = True
         logger.info(
-            "%s: group %d at %s ready in %.1f s",
+            "%s: group %d at %s ready in %.1f s; data plane: %s",
             self.prefix,
             self.group.ffn_rank,
             self.where,
             time.monotonic() - self.started,
+            self.plane.description,
         )
 
     def publish_step_port(self, port: int) -> None:
