@@ -66,6 +66,8 @@ class Breakdown:
     tpot_ms: float
     #: Attention side, mean per remote layer: from sending the layer to holding its output
     round_trip_ms: float
+    #: of it, the time the Attention side waited for the answer; the rest is its connector code
+    wait_ms: float
     #: FFN side, by remote layer: mean receive (waiting included), compute and send of its
     #: eagerly served steps
     ffn_ms: tuple[tuple[float, float, float], ...]
@@ -110,6 +112,7 @@ class WhereTimeGoes:
                     run.concurrency,
                     run.tpot_median_ms,
                     1e3 * exchanges.mean_round_trip_s,
+                    1e3 * exchanges.mean_wait_s,
                     ffn_ms,
                     len(steps),
                 ),
@@ -157,16 +160,18 @@ def _breakdown_table(breakdowns: list[Breakdown]) -> str:
     for b in breakdowns:
         for position, (receive, compute, send) in enumerate(b.ffn_ms):
             rows.append(
-                f"| {b.concurrency} | {position + 1} | {b.round_trip_ms:.3f} | {receive:.3f} "
-                f"| {compute:.3f} | {send:.3f} | {b.round_trip_ms - compute:.3f} "
+                f"| {b.concurrency} | {position + 1} | {b.round_trip_ms:.3f} "
+                f"| {b.round_trip_ms - b.wait_ms:.3f} | {b.wait_ms:.3f} | {receive:.3f} "
+                f"| {compute:.3f} | {send:.3f} | {b.wait_ms - compute:.3f} "
                 f"| {b.tpot_ms - len(b.ffn_ms) * b.round_trip_ms:.3f} |"
             )
     return (
-        "| concurrency | remote layer | Attention: round trip (mean of the layers) | FFN: receive, "
-        "waiting included | FFN: compute | FFN: send | round trip less FFN compute "
-        "(transport, Python) | TPOT median less the round trips (Attention compute, "
-        "scheduling, sampling) |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows)
+        "| concurrency | remote layer | Attention: round trip (mean of the layers) | Attention: "
+        "its connector code (round trip less the wait) | Attention: waiting for the answer "
+        "| FFN: receive, waiting included | FFN: compute | FFN: send | wait less FFN compute "
+        "(transport, FFN connector code) | TPOT median less the round trips (Attention "
+        "compute, scheduling, sampling) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows)
     )
 
 

@@ -296,6 +296,9 @@ class Exchanges:
 
     count: int
     mean_round_trip_s: float
+    #: of the round trip, the time the Attention side waited for the answer (the FFN side's
+    #: work and the transport); the rest is the Attention side's connector code
+    mean_wait_s: float
     mean_bytes_sent: float
 
 
@@ -308,11 +311,16 @@ def exchanges_between(before: Mapping[str, float], after: Mapping[str, float]) -
             f"the Attention worker exchanged no layer between two readings of its connector "
             f"statistics ({before} then {after})"
         )
-    spent = (
-        after["mean_round_trip_s"] * after["exchanges"]
-        - before["mean_round_trip_s"] * before["exchanges"]
+
+    def mean(key: str) -> float:
+        return (after[key] * after["exchanges"] - before[key] * before["exchanges"]) / count
+
+    return Exchanges(
+        count,
+        mean("mean_round_trip_s"),
+        mean("mean_wait_s"),
+        (after["bytes_sent"] - before["bytes_sent"]) / count,
     )
-    return Exchanges(count, spent / count, (after["bytes_sent"] - before["bytes_sent"]) / count)
 
 
 def stop(server: Server, timeout_s: float = 30.0) -> int | None:

@@ -335,6 +335,9 @@ class ExchangeStats:
 
     exchanges: int = 0
     total_s: float = 0.0
+    #: of ``total_s``, the time blocked waiting for the answer (the FFN side's work and the
+    #: transport); the rest is this side's own connector code
+    waited_s: float = 0.0
     bytes_sent: int = 0
     #: forward steps announced to the FFN side
     steps: int = 0
@@ -355,12 +358,17 @@ class ExchangeStats:
         self.total_s += seconds
         return seconds
 
+    def waited(self, seconds: float) -> None:
+        """An exchange's receive blocked ``seconds`` for its answer."""
+        self.waited_s += seconds
+
     def as_dict(self) -> dict[str, float]:
-        mean = self.total_s / self.exchanges if self.exchanges else 0.0
+        count = self.exchanges or 1
         return {
             "steps": self.steps,
             "exchanges": self.exchanges,
-            "mean_round_trip_s": mean,
+            "mean_round_trip_s": self.total_s / count,
+            "mean_wait_s": self.waited_s / count,
             "bytes_sent": self.bytes_sent,
         }
 

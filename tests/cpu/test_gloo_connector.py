@@ -229,6 +229,8 @@ def _attention_peer(
         "exchanges": [
             _sample("afd_exchange_seconds_count", *labels, layer=str(layer)) for layer in LAYERS
         ],
+        # the round trips split into the wait for the answer and this side's own code
+        "waited": 0 < connector.stats.waited_s < connector.stats.total_s,
     }
     results.put((rank, exact, connector.stats.steps, transfers, series))
     release.wait(60)
@@ -331,6 +333,7 @@ def test_step_interruptible_idle_and_vanished_peer(pair) -> None:
             "sent": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2 + len(LAYERS) * logits,
             "received": STEPS * len(LAYERS) * TOKENS[rank] * 16 * 2,  # bfloat16 outputs
             "exchanges": [STEPS] * len(LAYERS),
+            "waited": True,
         }, rank
         assert ffn_series[rank] == {
             "steps": STEPS,

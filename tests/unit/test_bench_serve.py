@@ -96,9 +96,22 @@ def test_a_complete_run_reads_the_clients_figures(tmp_path: Path) -> None:
 def test_exchanges_between_two_readings_of_the_connector_statistics() -> None:
     """The demo and the serving benchmark read the pair's round trips as the difference of two
     readings of its running totals; a window without an exchange is an error, not a time."""
-    before = {"exchanges": 10, "mean_round_trip_s": 0.001, "bytes_sent": 1000, "steps": 5}
-    after = {"exchanges": 30, "mean_round_trip_s": 0.002, "bytes_sent": 5000, "steps": 9}
+    before = {
+        "exchanges": 10,
+        "mean_round_trip_s": 0.001,
+        "mean_wait_s": 0.0005,
+        "bytes_sent": 1000,
+        "steps": 5,
+    }
+    after = {
+        "exchanges": 30,
+        "mean_round_trip_s": 0.002,
+        "mean_wait_s": 0.0015,
+        "bytes_sent": 5000,
+        "steps": 9,
+    }
     exchanges = serve.exchanges_between(before, after)
+    assert exchanges.mean_wait_s == pytest.approx((30 * 0.0015 - 10 * 0.0005) / 20)
     assert exchanges.count == 20
     assert exchanges.mean_round_trip_s == pytest.approx((30 * 0.002 - 10 * 0.001) / 20)
     assert exchanges.mean_bytes_sent == 200

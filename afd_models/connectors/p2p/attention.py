@@ -297,7 +297,10 @@ class P2PAttentionConnector(AFDConnector):
                 self._group.start([receive], f"receive of layer {layer_idx}{ubatch_label(ubatch)}"),
             )
             sent()
+        started = time.perf_counter()
         wait()
+        if not self.is_capturing:
+            self.stats.waited(time.perf_counter() - started)
         return out
 
     def close(self) -> None:
