@@ -156,22 +156,23 @@ def throughputs(eager: bool, repeats: int) -> tuple[list[Comparison], list[Break
 
 
 def _breakdown_table(breakdowns: list[Breakdown]) -> str:
-    rows = []
-    for b in breakdowns:
-        for position, (receive, compute, send) in enumerate(b.ffn_ms):
-            rows.append(
-                f"| {b.concurrency} | {position + 1} | {b.round_trip_ms:.3f} "
-                f"| {b.round_trip_ms - b.wait_ms:.3f} | {b.wait_ms:.3f} | {receive:.3f} "
-                f"| {compute:.3f} | {send:.3f} | {b.wait_ms - compute:.3f} "
-                f"| {b.tpot_ms - len(b.ffn_ms) * b.round_trip_ms:.3f} |"
-            )
+    def by_layer(phase: int, b: Breakdown) -> str:
+        return " / ".join(f"{layer[phase]:.3f}" for layer in b.ffn_ms)
+
+    rows = [
+        f"| {b.concurrency} | {b.round_trip_ms:.3f} | {b.round_trip_ms - b.wait_ms:.3f} "
+        f"| {b.wait_ms:.3f} | {by_layer(0, b)} | {by_layer(1, b)} | {by_layer(2, b)} "
+        f"| {b.wait_ms - statistics.fmean(layer[1] for layer in b.ffn_ms):.3f} "
+        f"| {b.tpot_ms - len(b.ffn_ms) * b.round_trip_ms:.3f} |"
+        for b in breakdowns
+    ]
     return (
-        "| concurrency | remote layer | Attention: round trip (mean of the layers) | Attention: "
-        "its connector code (round trip less the wait) | Attention: waiting for the answer "
-        "| FFN: receive, waiting included | FFN: compute | FFN: send | wait less FFN compute "
-        "(transport, FFN connector code) | TPOT median less the round trips (Attention "
-        "compute, scheduling, sampling) |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows)
+        "| concurrency | Attention: round trip | Attention: its connector code (round trip "
+        "less the wait) | Attention: waiting for the answer | FFN: receive, waiting included, "
+        "by layer | FFN: compute, by layer | FFN: send, by layer | the wait less the FFN's "
+        "compute (transport, the FFN side's step set-up and connector code) | TPOT median less "
+        "the round trips (Attention compute, scheduling, sampling) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows)
     )
 
 
@@ -215,10 +216,11 @@ def serving(eager: bool, repeats: int) -> None:
         "TPOT median |\n| --- | --- | --- | --- | --- |\n" + ratios + "\n\n"
         "Where the AFD pair's time went in those runs, ms per remote layer (with the gate on "
         "the FFN role, the FFN engine computes every layer's MLP: layer 1 is the dense MLP, "
-        "the others are MoE layers). From the Attention worker's connector statistics and the "
-        "FFN server's per-layer timings of the run's steps; the FFN's receive of layer 1 comes "
-        "with the step header it waited for, its later receives include the Attention "
-        "engine's compute of the layer's attention:\n\n"
+        "the others are MoE layers). The Attention columns are means over the layers, from "
+        "the Attention worker's connector statistics; the FFN columns are by layer, from the "
+        "FFN server's timings of the run's steps. The FFN's receive of layer 1 comes with the "
+        "step header it waited for, its later receives include the Attention engine's compute "
+        "of the layer's attention:\n\n"
         + _breakdown_table(breakdowns)
         + "\n\n![output tokens/s and TPOT median against concurrency](plots/serving.png)",
         command="python benchmarks/serving.py --only throughput"
