@@ -217,3 +217,11 @@ def test_a_peer_that_cannot_map_the_offered_memory_answers_why() -> None:
         "the Attention peer of group rank 1 cannot map the FFN worker's shared"
     )
     assert "No such file" in answer
+
+
+def test_a_ring_that_cannot_be_made_leaves_no_file(tmp_path) -> None:
+    path = str(tmp_path / "ring")
+    os.mkfifo(path + ".bell")  # its doorbell's name is taken
+    with pytest.raises(FileExistsError):
+        Ring(path, writer=False, nonce=b"a" * 16, create=True)
+    assert not os.path.exists(path) and os.path.exists(path + ".bell")

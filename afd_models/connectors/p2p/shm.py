@@ -27,7 +27,6 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch.distributed import PrefixStore, Store
@@ -84,13 +83,19 @@ class Ring:
         self._fd = -1  # the doorbell, opened by open_bell
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
+        made = [path] if create else []
         try:
             if create:
                 os.posix_fallocate(fd, 0, RING_BYTES)  # no SIGBUS later on a full tmpfs
                 os.mkfifo(self.bell_path, 0o600)
+                made.append(self.bell_path)
             elif os.fstat(fd).st_size != RING_BYTES:
                 raise OSError(f"{path} holds {os.fstat(fd).st_size} bytes, not {RING_BYTES}")
             self._map = mmap.mmap(fd, RING_BYTES)
+        except BaseException:
+            for name in made:  # half made: leave nothing in /dev/shm
+                os.unlink(name)
+            raise
         finally:
             os.close(fd)
         nonce_at = slice(_NONCE_AT, _NONCE_AT + _NONCE_BYTES)
@@ -309,15 +314,6 @@ class SharedMemoryPlane(DataPlane):
     def close(self) -> None:
         for ring in [*self._outgoing.values(), *self._incoming.values()]:
             ring.close()
-
-
-@dataclass(frozen=True)
-class _Offer:
-    """The FFN worker's rings for one peer, as the store carries them."""
-
-    to_ffn: str
-    from_ffn: str
-    nonce: str
 
 
 #: store keys of the negotiation, under the "shm" prefix
