@@ -53,6 +53,7 @@ from datetime import timedelta
 import torch
 
 from afd_models.cli.serve import free_port
+from afd_models.connectors.p2p.wire import byte_view
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import groups
 
@@ -252,8 +253,8 @@ def _raw_shm(rank: int, port: int, plan: _Plan) -> Timing | None:
     outgoing, incoming = plane.rings(ECHO if rank == TIMER else TIMER)
     payload = _payload(plan)
     answer = torch.zeros_like(payload)
-    sent = memoryview(payload.view(torch.uint8).numpy()).cast("B")
-    received = memoryview(answer.view(torch.uint8).numpy()).cast("B")
+    sent = byte_view(payload)
+    received = byte_view(answer)
     gc.freeze()
     try:
         if rank == ECHO:
@@ -340,14 +341,14 @@ def _raw_tcp(rank: int, port: int, plan: _Plan) -> Timing | None:
     gc.freeze()
     with _tcp_channel(rank, port) as channel:
         if rank == ECHO:
-            buffer = memoryview(torch.empty_like(payload).view(torch.uint8).numpy()).cast("B")
+            buffer = byte_view(torch.empty_like(payload))
             for _ in range(plan.round_trips):
                 _read_into(channel, buffer)
                 channel.sendall(buffer)
             return None
         answer = torch.zeros_like(payload)
-        sent = memoryview(payload.view(torch.uint8).numpy()).cast("B")
-        received = memoryview(answer.view(torch.uint8).numpy()).cast("B")
+        sent = byte_view(payload)
+        received = byte_view(answer)
 
         def round_trip(layer: int) -> None:
             channel.sendall(sent)

@@ -22,6 +22,7 @@ from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError
 from afd_models.connectors.p2p import shm
 from afd_models.connectors.p2p.plane import Transfer
 from afd_models.connectors.p2p.shm import Ring, SharedMemoryPlane, negotiate
+from afd_models.connectors.p2p.wire import byte_view
 
 TIMEOUT_S = 20.0
 
@@ -45,23 +46,19 @@ def _deadline() -> float:
     return time.monotonic() + TIMEOUT_S
 
 
-def _bytes(tensor: torch.Tensor) -> memoryview:
-    return memoryview(tensor.view(torch.uint8).numpy()).cast("B")
-
-
 def test_messages_larger_than_the_ring_cross_in_chunks(tmp_path) -> None:
     writer, reader = _pair(tmp_path)
     # 3 ring's worth: the writer waits for the reader to free slots, many times over
     sent = torch.randint(0, 256, (3 * shm.SLOTS * shm.SLOT_BYTES + 5,), dtype=torch.uint8)
     got = torch.zeros_like(sent)
-    thread = threading.Thread(target=lambda: reader.read(7, _bytes(got), _deadline(), "read"))
+    thread = threading.Thread(target=lambda: reader.read(7, byte_view(got), _deadline(), "read"))
     thread.start()
-    writer.write(7, _bytes(sent), _deadline())
+    writer.write(7, byte_view(sent), _deadline())
     thread.join(TIMEOUT_S)
     assert not thread.is_alive() and torch.equal(got, sent)
     empty = torch.zeros(0, dtype=torch.uint8)  # an empty message takes a slot and crosses
-    writer.write(8, _bytes(empty), _deadline())
-    reader.read(8, _bytes(empty), _deadline(), "read")
+    writer.write(8, byte_view(empty), _deadline())
+    reader.read(8, byte_view(empty), _deadline(), "read")
     writer.close()
     reader.close()
 
@@ -73,26 +70,26 @@ def test_a_read_for_a_later_tag_keeps_the_earlier_messages(tmp_path) -> None:
         torch.full((100,), 1, dtype=torch.uint8),
         torch.full((300,), 2, dtype=torch.uint8),
     )
-    writer.write(1, _bytes(first), _deadline())
-    writer.write(2, _bytes(second), _deadline())
+    writer.write(1, byte_view(first), _deadline())
+    writer.write(2, byte_view(second), _deadline())
     got_second, got_first = torch.zeros_like(second), torch.zeros_like(first)
-    reader.read(2, _bytes(got_second), _deadline(), "read")
-    reader.read(1, _bytes(got_first), _deadline(), "read")
+    reader.read(2, byte_view(got_second), _deadline(), "read")
+    reader.read(1, byte_view(got_first), _deadline(), "read")
     assert torch.equal(got_first, first) and torch.equal(got_second, second)
 
 
 def test_a_message_of_the_wrong_size_is_refused(tmp_path) -> None:
     writer, reader = _pair(tmp_path)
-    writer.write(3, _bytes(torch.zeros(10, dtype=torch.uint8)), _deadline())
+    writer.write(3, byte_view(torch.zeros(10, dtype=torch.uint8)), _deadline())
     with pytest.raises(
         AFDConnectionError, match="tagged 3 of 10 bytes, but its receive expects 12"
     ):
-        reader.read(3, _bytes(torch.zeros(12, dtype=torch.uint8)), _deadline(), "read")
+        reader.read(3, byte_view(torch.zeros(12, dtype=torch.uint8)), _deadline(), "read")
 
 
 def test_silence_ends_at_the_deadline_and_a_closed_writer_at_once(tmp_path) -> None:
     writer, reader = _pair(tmp_path)
-    out = _bytes(torch.zeros(4, dtype=torch.uint8))
+    out = byte_view(torch.zeros(4, dtype=torch.uint8))
     started = time.monotonic()
     with pytest.raises(AFDPeerGoneError, match="sent nothing in time"):
         reader.read(0, out, time.monotonic() + 0.3, "layer 0")

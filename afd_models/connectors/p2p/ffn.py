@@ -42,6 +42,7 @@ from afd_models.connectors.p2p.wire import (
     RANK,
     READY,
     REFUSED,
+    byte_view,
     read_fingerprint,
     read_into,
     send_answer,
@@ -343,7 +344,7 @@ class P2PFFNConnector(FFNConnector):
         )
 
     def _read(self, channel: socket.socket, out: torch.Tensor, what: str) -> None:
-        self._read_bytes(channel, memoryview(out.view(torch.uint8).numpy()), what)
+        self._read_bytes(channel, byte_view(out), what)
 
     def _read_bytes(self, channel: socket.socket, out: memoryview, what: str) -> None:
         try:

@@ -33,7 +33,7 @@ from torch.distributed import PrefixStore, Store
 
 from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError
 from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
-from afd_models.connectors.p2p.wire import as_bytes
+from afd_models.connectors.p2p.wire import byte_view
 
 #: where the rings live: a tmpfs on Linux (a host without it gets gloo)
 SHM_DIR = "/dev/shm"
@@ -288,7 +288,7 @@ class SharedMemoryPlane(DataPlane):
             if not transfer.send:
                 receives.append(transfer)
                 continue
-            data = memoryview(as_bytes(transfer.tensor).numpy()).cast("B")
+            data = byte_view(transfer.tensor)
             try:
                 self._outgoing[transfer.peer].write(transfer.tag, data, deadline)
             except (AFDPeerGoneError, OSError, ValueError) as exc:  # or a closed ring
@@ -297,7 +297,7 @@ class SharedMemoryPlane(DataPlane):
         def wait() -> None:
             deadline = time.monotonic() + self.timeout_s
             for transfer in receives:
-                out = memoryview(transfer.tensor.view(torch.uint8).numpy()).cast("B")
+                out = byte_view(transfer.tensor)
                 try:
                     self._incoming[transfer.peer].read(transfer.tag, out, deadline, what)
                 except (AFDPeerGoneError, OSError, ValueError) as exc:

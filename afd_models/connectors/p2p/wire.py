@@ -16,6 +16,12 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().view(torch.uint8)
 
 
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """``tensor``'s bytes as a flat memoryview: of the tensor itself when it is contiguous (a
+    receive fills it), else of a contiguous copy (enough to send)."""
+    return memoryview(as_bytes(tensor).numpy()).cast("B")
+
+
 #: an Attention peer's group rank, the first thing it sends on its step channel
 RANK = struct.Struct("!q")
 #: an FFN worker's answer on a step channel during the handshake: a kind, then a UTF-8 text
