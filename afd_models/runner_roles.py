@@ -40,6 +40,7 @@ from afd_models.log import exit_process, get_logger
 from afd_models.models.ffn import token_id_layers
 from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
+from afd_models.worker_config import compiles_ffn_layers
 
 logger = get_logger(__name__)
 
@@ -174,6 +175,7 @@ def start_ffn_server(
         on_failure=exit_process,
         forward_context=forward_context,
         reconnect=_ffn_reconnect(runner),
+        compiled=compiles_ffn_layers(runner.vllm_config),
     )
     server.start()
     return server

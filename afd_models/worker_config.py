@@ -19,7 +19,8 @@ row of the connector table (:mod:`afd_models.connectors.specs`).
 * the Attention worker's config copy lists the exchange op in ``compilation_config.splitting_ops``,
   so vLLM's piecewise compilation splits the graph at every exchange, and with
   ``additional_config.afd.dbo`` it has vLLM's DBO switched on (:func:`with_dbo`);
-* the FFN worker runs eagerly (it calls its layers per step, never the compiled forward) and
+* the FFN worker's vLLM compiles nothing (it calls its layers per step, never the compiled
+  forward; AFD compiles each layer on the CPU platform unless ``--enforce-eager``) and
   reserves no KV-cache memory (it holds no KV cache), so it starts without a memory flag on a
   machine the CPU backend's default reservation would not fit twice;
 * the FFN role holds no KV cache; vLLM's scheduler then needs prefix caching off
@@ -118,9 +119,12 @@ def prepare_worker_config(vllm_config: VllmConfig, role: Role) -> tuple[VllmConf
             compilation.splitting_ops,
         )
     else:
-        config = eager_ffn_config(config)
+        config = ffn_worker_config(
+            config, current_platform.device_type, afd.compute_gate_on_attention
+        )
         logger.info(
-            "AFD ffn worker: runs its layers eagerly per received step; no KV cache reserved"
+            "AFD ffn worker: computes its layers per received step, %s; no KV cache reserved",
+            "each compiled by Inductor" if compiles_ffn_layers(config) else "eagerly",
         )
     return config, afd
 
@@ -141,15 +145,36 @@ def with_dbo(vllm_config: VllmConfig) -> None:
     vllm_config.model_config = model_config
 
 
-def eager_ffn_config(vllm_config: VllmConfig) -> VllmConfig:
-    """An FFN-role config: eager kernels, no KV-cache reservation.
+#: vLLM's ``custom_ops`` entry that selects every op's plain-torch implementation
+PLAIN_TORCH_OPS = "none"
 
-    The FFN role calls its layers one by one per received step, never the compiled model forward,
-    so it takes what ``--enforce-eager`` gives: vLLM's eager kernels (compiled mode selects the
-    plain-torch implementations it expects Inductor to fuse). Its compilation settings start over.
+
+#: the platforms whose FFN role compiles its layers (afd_models.ffn_compile) unless the engine has
+#: ``--enforce-eager``: the CPU one. On CUDA the FFN graphs capture its decode steps, and a layer's
+#: first compilation would fall inside a capture; vLLM-Ascend compiles through its own backend.
+COMPILED_FFN_DEVICES = frozenset({"cpu"})
+
+
+def ffn_worker_config(
+    vllm_config: VllmConfig, device_type: str, gate_on_attention: bool
+) -> VllmConfig:
+    """An FFN-role config: no KV-cache reservation, and vLLM itself compiles nothing.
+
+    The FFN role calls its layers one by one per received step, never the compiled model
+    forward, so vLLM runs it as with ``--enforce-eager`` and its compilation settings start over.
+    The kernels depend on the engine: with ``--enforce-eager`` (or on a platform not in
+    :data:`COMPILED_FFN_DEVICES`, or with the gate on Attention, whose router logits the FFN
+    role's warm-up cannot make up before the first step) vLLM's eager ones; otherwise the
+    plain-torch implementations, which vLLM's compiled mode selects too, for Inductor to fuse
+    when AFD compiles each layer (:func:`compiles_ffn_layers`).
     """
     from vllm.config import CompilationConfig
 
+    compiled = (
+        not vllm_config.model_config.enforce_eager
+        and device_type in COMPILED_FFN_DEVICES
+        and not gate_on_attention
+    )
     model_config = copy.copy(vllm_config.model_config)
     model_config.enforce_eager = True
     # vLLM 0.32 marks the model config of a with_hf_config() copy (each worker's) as a view whose
@@ -160,9 +185,15 @@ def eager_ffn_config(vllm_config: VllmConfig) -> VllmConfig:
     return replace(
         vllm_config,
         model_config=model_config,
-        compilation_config=CompilationConfig(),
+        compilation_config=CompilationConfig(custom_ops=[PLAIN_TORCH_OPS] if compiled else []),
         cache_config=replace(vllm_config.cache_config, kv_cache_memory_bytes=0),
     )
+
+
+def compiles_ffn_layers(ffn_config: VllmConfig) -> bool:
+    """Whether the FFN role computes its layers compiled: its config (:func:`ffn_worker_config`)
+    selected the plain-torch implementations, which only a compiled engine's FFN config does."""
+    return list(ffn_config.compilation_config.custom_ops) == [PLAIN_TORCH_OPS]
 
 
 def _with_exchange_splitting(vllm_config: VllmConfig) -> Any:

@@ -15,13 +15,20 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.forward_context import ForwardContext, create_forward_context, override_forward_context
+from vllm.forward_context import (
+    ForwardContext,
+    create_forward_context,
+    override_forward_context,
+    set_forward_context,
+)
 from vllm.model_executor.model_loader import get_model_loader
+from vllm.platforms import current_platform
 
 from afd_models.config import AFD_KEY
 from afd_models.connectors.base import AFDConnector, LayerInput, StepHeader
-from afd_models.ffn_server import ffn_output
-from afd_models.worker_config import eager_ffn_config
+from afd_models.ffn_compile import CompiledLayers
+from afd_models.ffn_server import FFNModel, ffn_output
+from afd_models.worker_config import compiles_ffn_layers, ffn_worker_config
 
 #: the FFN half: a layer's output for what it received
 Compute = Callable[[int, LayerInput], torch.Tensor]
@@ -90,8 +97,9 @@ class LoopbackConnector(AFDConnector):
         """Build the FFN-role model of this engine's checkpoint in-process and serve it directly.
 
         Call before the Attention model is built: the FFN model gets a deep copy of the config
-        (its AFD section in the FFN role, with the default connector), made eager as an FFN
-        worker's is (vLLM's eager kernels, whatever the Attention side's mode).
+        (its AFD section in the FFN role, with the default connector), made as an FFN worker's
+        is: its layers compiled one by one (and warmed up now) unless the engine is eager
+        (``--enforce-eager``) or its gate runs on Attention.
         """
         ffn_config = copy.deepcopy(vllm_config)
         section = dict(ffn_config.additional_config[AFD_KEY])
@@ -101,13 +109,25 @@ class LoopbackConnector(AFDConnector):
         section.pop("connector", None)
         section.pop("connector_extra_config", None)
         ffn_config.additional_config = {**ffn_config.additional_config, AFD_KEY: section}
-        ffn_config = eager_ffn_config(ffn_config)
+        gate_on_attention = bool(section.get("compute_gate_on_attention", False))
+        ffn_config = ffn_worker_config(ffn_config, current_platform.device_type, gate_on_attention)
         with set_current_vllm_config(ffn_config):
             model = get_model_loader(ffn_config.load_config).load_model(
                 vllm_config=ffn_config, model_config=ffn_config.model_config
             )
+        layers: FFNModel = model
+        if compiles_ffn_layers(ffn_config):
+            layers = CompiledLayers(model)
+            layers.warm_up(
+                model.ffn_layer_indices(),
+                ffn_config.model_config.get_hidden_size(),
+                ffn_config.model_config.dtype,
+                torch.device(current_platform.device_type),
+                lambda tokens: set_forward_context(None, ffn_config, num_tokens=tokens),
+            )
         connector = cls(
-            functools.partial(ffn_output, model), lambda _: create_forward_context(None, ffn_config)
+            functools.partial(ffn_output, layers),
+            lambda _: create_forward_context(None, ffn_config),
         )
         connector.ffn_model = model
         return connector
