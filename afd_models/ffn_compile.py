@@ -17,8 +17,9 @@ Dynamic shapes: a layer has two graphs, one for one token and one for any other 
 specializes 0 and 1; marking the count unbacked instead breaks vLLM 0.32's MoE layers, which
 branch on it). Compiling is mostly Dynamo tracing vLLM's deep MoE code, not Inductor.
 
-Layers are compiled only by :meth:`CompiledLayers.warm_up`, before the first step, on zeros: a
-first compilation can take longer than the Attention role waits for a layer (``timeout_s``). Each
+Layers are compiled only by :meth:`CompiledLayers.warm_up`, on zeros, before the FFN worker
+connects: a first compilation can take longer than the Attention role waits for a layer
+(``timeout_s``). Each
 layer is called eagerly once first, so that upstream state a layer fills on first use (for
 example a MoE layer's quantization config) is set before Dynamo traces it. The warm-up feeds
 hidden states only, so a layer is compiled only where that is all it takes (the gate on the FFN

@@ -33,7 +33,6 @@ from afd_models.connectors.base import (
     peer_counts,
 )
 from afd_models.dbo import receives_before_send, split_step_units
-from afd_models.ffn_compile import CompiledLayers
 from afd_models.graphs import FFNGraphKey, FFNGraphs, GraphCounters, replays_graphs
 from afd_models.log import get_logger
 from afd_models.models.ffn import token_id_layers
@@ -223,8 +222,8 @@ def device_scope(
 
 
 class FFNServer:
-    """A stoppable background loop over :func:`serve_step`. ``compiled``: compute each layer from
-    its own compiled graph (:class:`~afd_models.ffn_compile.CompiledLayers`)."""
+    """A stoppable background loop over :func:`serve_step`. ``layer_model``: what computes each
+    layer, if not ``model`` itself (its layers compiled)."""
 
     def __init__(
         self,
@@ -240,11 +239,12 @@ class FFNServer:
         accelerator: Any = None,
         forward_context: ForwardContext = vllm_forward_context,
         reconnect: Callable[..., FFNConnector] | None = None,
-        compiled: bool = False,
+        layer_model: FFNModel | None = None,
     ):
         self.model = model
-        #: what computes each layer: the model, or its layers compiled (``compiled``)
-        self.layer_model: FFNModel = CompiledLayers(model) if compiled else model
+        #: what computes each layer: the model, or its layers compiled
+        #: (:class:`~afd_models.ffn_compile.CompiledLayers`, warmed up before the connect)
+        self.layer_model: FFNModel = model if layer_model is None else layer_model
         self.forward_context = forward_context
         self.device = device
         self.graphs = graphs
@@ -282,7 +282,6 @@ class FFNServer:
     def _run(self) -> None:
         try:
             with device_scope(self.device, self.accelerator):
-                self._warm_up()
                 self._serve_across_restarts()
         except BaseException as exc:  # kept and reported; the thread must not die silently
             if not self._stop.is_set():  # an error while stopping is the interruption itself
@@ -333,20 +332,6 @@ class FFNServer:
             "AFD FFN server: Attention peers %s connected again after %.1f s; serving",
             list(self.group.attention_ranks),
             time.monotonic() - started,
-        )
-
-    def _warm_up(self) -> None:
-        """Compile the layers before the first step (those that take no token ids: the warm-up
-        has none to give; they run eagerly)."""
-        if not isinstance(self.layer_model, CompiledLayers):
-            return
-        with_ids = set(token_id_layers(self.model))
-        self.layer_model.warm_up(
-            [layer for layer in self.layers if layer not in with_ids],
-            self.hidden_size,
-            self.dtype,
-            self.device,
-            lambda tokens: self.forward_context(self.vllm_config, tokens),
         )
 
     def _serve(self) -> None:

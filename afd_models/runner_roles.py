@@ -27,6 +27,7 @@ from afd_models.connectors.base import (
 )
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.connectors.p2p.rendezvous import PROBE_EVERY_S
+from afd_models.ffn_compile import CompiledLayers
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import (
@@ -136,12 +137,28 @@ def refuse_preloaded_model(model: object) -> None:
 
 
 def load_ffn(runner: Any, load: Callable[[], None]) -> FFNConnector:
-    """Load the FFN half with ``load`` (upstream's ``load_model``) and connect to the Attention
-    role (this waits for it, bounded by the connector's ``connect_timeout_s``). The connector is
-    prepared first: topology and kernel errors come before any weight is read."""
+    """Load the FFN half with ``load`` (upstream's ``load_model``), compile its layers where its
+    config says so (kept as ``runner.afd_ffn_layers``, what the FFN server computes with), and
+    connect to the Attention role (this waits for it, bounded by the connector's
+    ``connect_timeout_s``). The connector is prepared first: topology and kernel errors come
+    before any weight is read. The layers compile before the connect, so that no step of a
+    connected Attention peer waits for a compilation (its ``timeout_s`` may be shorter)."""
     connect = prepare_ffn(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
     load()
-    return connect(runner.get_model())
+    model = runner.get_model()
+    runner.afd_ffn_layers = model
+    if compiles_ffn_layers(runner.vllm_config):
+        layers = CompiledLayers(model)
+        with_ids = set(token_id_layers(model))  # the warm-up has no token ids to give
+        layers.warm_up(
+            [layer for layer in model.ffn_layer_indices() if layer not in with_ids],
+            runner.model_config.get_hidden_size(),
+            runner.model_config.dtype,
+            runner.device,
+            lambda tokens: vllm_forward_context(runner.vllm_config, tokens),
+        )
+        runner.afd_ffn_layers = layers
+    return connect(model)
 
 
 def start_ffn_server(
@@ -175,7 +192,7 @@ def start_ffn_server(
         on_failure=exit_process,
         forward_context=forward_context,
         reconnect=_ffn_reconnect(runner),
-        compiled=compiles_ffn_layers(runner.vllm_config),
+        layer_model=runner.afd_ffn_layers,
     )
     server.start()
     return server
