@@ -20,7 +20,7 @@ row of the connector table (:mod:`afd_models.connectors.specs`).
   so vLLM's piecewise compilation splits the graph at every exchange, and with
   ``additional_config.afd.dbo`` it has vLLM's DBO switched on (:func:`with_dbo`);
 * the FFN worker's vLLM compiles nothing (it calls its layers per step, never the compiled
-  forward; AFD compiles each layer on the CPU platform unless ``--enforce-eager``) and
+  forward; AFD compiles each layer on the CPU platform, gate on FFN, unless ``--enforce-eager``) and
   reserves no KV-cache memory (it holds no KV cache), so it starts without a memory flag on a
   machine the CPU backend's default reservation would not fit twice;
 * the FFN role holds no KV cache; vLLM's scheduler then needs prefix caching off

@@ -24,7 +24,7 @@ from vllm.forward_context import (
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 
-from afd_models.config import AFD_KEY
+from afd_models.config import AFD_KEY, Role, require_afd_config
 from afd_models.connectors.base import AFDConnector, LayerInput, StepHeader
 from afd_models.ffn_compile import CompiledLayers
 from afd_models.ffn_server import FFNModel, ffn_output
@@ -109,8 +109,10 @@ class LoopbackConnector(AFDConnector):
         section.pop("connector", None)
         section.pop("connector_extra_config", None)
         ffn_config.additional_config = {**ffn_config.additional_config, AFD_KEY: section}
-        gate_on_attention = bool(section.get("compute_gate_on_attention", False))
-        ffn_config = ffn_worker_config(ffn_config, current_platform.device_type, gate_on_attention)
+        afd = require_afd_config(ffn_config.additional_config, role=Role.FFN)
+        ffn_config = ffn_worker_config(
+            ffn_config, current_platform.device_type, afd.compute_gate_on_attention
+        )
         with set_current_vllm_config(ffn_config):
             model = get_model_loader(ffn_config.load_config).load_model(
                 vllm_config=ffn_config, model_config=ffn_config.model_config
