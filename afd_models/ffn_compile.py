@@ -38,7 +38,10 @@ from typing import Any
 
 import torch
 
+from afd_models.ffn_server import vllm_forward_context
 from afd_models.log import get_logger
+from afd_models.models.ffn import token_id_layers
+from afd_models.worker_config import compiles_ffn_layers
 
 logger = get_logger(__name__)
 
@@ -154,3 +157,21 @@ class CompiledLayers:
     ) -> torch.Tensor:
         compute: Callable[..., torch.Tensor] = self._compiled.get(layer_idx, _layer_output)
         return compute(self.model, layer_idx, hidden_states, router_logits, token_ids)
+
+
+def ffn_layer_model(model: Any, vllm_config: Any, device: torch.device) -> Any:
+    """What computes the layers of FFN-role ``model``: the model itself, or, where its config
+    says so (:func:`~afd_models.worker_config.compiles_ffn_layers`), its layers compiled and
+    warmed up now (all but token-id layers: the warm-up has no token ids to give)."""
+    if not compiles_ffn_layers(vllm_config):
+        return model
+    layers = CompiledLayers(model)
+    with_ids = set(token_id_layers(model))
+    layers.warm_up(
+        [layer for layer in model.ffn_layer_indices() if layer not in with_ids],
+        vllm_config.model_config.get_hidden_size(),
+        vllm_config.model_config.dtype,
+        device,
+        lambda tokens: vllm_forward_context(vllm_config, tokens),
+    )
+    return layers

@@ -27,7 +27,7 @@ from afd_models.connectors.base import (
 )
 from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.connectors.p2p.rendezvous import PROBE_EVERY_S
-from afd_models.ffn_compile import CompiledLayers
+from afd_models.ffn_compile import ffn_layer_model
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
 from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import (
@@ -41,7 +41,6 @@ from afd_models.log import exit_process, get_logger
 from afd_models.models.ffn import token_id_layers
 from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
-from afd_models.worker_config import compiles_ffn_layers
 
 logger = get_logger(__name__)
 
@@ -146,18 +145,7 @@ def load_ffn(runner: Any, load: Callable[[], None]) -> FFNConnector:
     connect = prepare_ffn(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
     load()
     model = runner.get_model()
-    runner.afd_ffn_layers = model
-    if compiles_ffn_layers(runner.vllm_config):
-        layers = CompiledLayers(model)
-        with_ids = set(token_id_layers(model))  # the warm-up has no token ids to give
-        layers.warm_up(
-            [layer for layer in model.ffn_layer_indices() if layer not in with_ids],
-            runner.model_config.get_hidden_size(),
-            runner.model_config.dtype,
-            runner.device,
-            lambda tokens: vllm_forward_context(runner.vllm_config, tokens),
-        )
-        runner.afd_ffn_layers = layers
+    runner.afd_ffn_layers = ffn_layer_model(model, runner.vllm_config, runner.device)
     return connect(model)
 
 

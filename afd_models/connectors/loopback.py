@@ -15,20 +15,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.forward_context import (
-    ForwardContext,
-    create_forward_context,
-    override_forward_context,
-    set_forward_context,
-)
+from vllm.forward_context import ForwardContext, create_forward_context, override_forward_context
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 
 from afd_models.config import AFD_KEY, Role, require_afd_config
 from afd_models.connectors.base import AFDConnector, LayerInput, StepHeader
-from afd_models.ffn_compile import CompiledLayers
-from afd_models.ffn_server import FFNModel, ffn_output
-from afd_models.worker_config import compiles_ffn_layers, ffn_worker_config
+from afd_models.ffn_compile import ffn_layer_model
+from afd_models.ffn_server import ffn_output
+from afd_models.worker_config import ffn_worker_config
 
 #: the FFN half: a layer's output for what it received
 Compute = Callable[[int, LayerInput], torch.Tensor]
@@ -117,16 +112,7 @@ class LoopbackConnector(AFDConnector):
             model = get_model_loader(ffn_config.load_config).load_model(
                 vllm_config=ffn_config, model_config=ffn_config.model_config
             )
-        layers: FFNModel = model
-        if compiles_ffn_layers(ffn_config):
-            layers = CompiledLayers(model)
-            layers.warm_up(
-                model.ffn_layer_indices(),
-                ffn_config.model_config.get_hidden_size(),
-                ffn_config.model_config.dtype,
-                torch.device(current_platform.device_type),
-                lambda tokens: set_forward_context(None, ffn_config, num_tokens=tokens),
-            )
+        layers = ffn_layer_model(model, ffn_config, torch.device(current_platform.device_type))
         connector = cls(
             functools.partial(ffn_output, layers),
             lambda _: create_forward_context(None, ffn_config),
