@@ -30,6 +30,15 @@ class BenchError(RuntimeError):
     """``vllm bench serve`` failed, timed out, or some of its requests failed: never a time."""
 
 
+class UnstreamedRun(BenchError):
+    """A run whose requests reached the client in one chunk each (TPOT median 0): its
+    latencies measure nothing."""
+
+
+#: runs :func:`measure_all` tries for one figure before an unstreamed run is an error
+ATTEMPTS = 3
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One side of a comparison: where requests go and the CPUs its engines were bound to."""
@@ -218,6 +227,12 @@ def bench_serve(
             f"{what}: {result['completed']} of {prompts} requests completed, "
             f"{result.get('failed', 0)} failed"
         )
+    if float(result["median_tpot_ms"]) <= 0:
+        raise UnstreamedRun(
+            f"{what}: TPOT median {float(result['median_tpot_ms']):.2f} ms: most requests' "
+            "tokens reached the client in one chunk (a server or client starved of CPU?), so "
+            "the run's latencies measure nothing"
+        )
     return Serving(
         deployment.name,
         deployment.plain,
@@ -279,6 +294,24 @@ class AFDProbe(Protocol):
     def finish(self, run: Serving) -> None: ...
 
 
+def _streamed_run(
+    deployment: Deployment,
+    model: Path,
+    concurrency: int,
+    prompts: int,
+    say: Callable[[str], None],
+) -> Serving:
+    """:func:`bench_serve`, run again (saying so) when a run was unstreamed, up to ATTEMPTS."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return bench_serve(deployment, model, concurrency, prompts)
+        except UnstreamedRun as exc:
+            if attempt == ATTEMPTS:
+                raise
+            say(f"discarded, run again: {exc}")
+    raise AssertionError("unreachable")
+
+
 def measure_all(
     group: EqualHardware,
     model: Path,
@@ -305,7 +338,7 @@ def measure_all(
             for deployment in deployments:
                 if probe is not None and deployment is group.afd:
                     probe.start()
-                run = bench_serve(deployment, model, concurrency, prompts)
+                run = _streamed_run(deployment, model, concurrency, prompts, say)
                 if probe is not None and deployment is group.afd:
                     probe.finish(run)
                 say(

@@ -16,6 +16,7 @@ from afd_models.cli.bench_serve import (
     BenchError,
     Deployment,
     Serving,
+    UnstreamedRun,
     bench_serve,
     check_equal_hardware,
     comparison,
@@ -117,3 +118,15 @@ def test_exchanges_between_two_readings_of_the_connector_statistics() -> None:
     assert exchanges.mean_bytes_sent == 200
     with pytest.raises(serve.ServerError, match="exchanged no layer"):
         serve.exchanges_between(after, after)
+
+
+def test_an_unstreamed_run_is_no_time(tmp_path: Path) -> None:
+    """A run whose tokens reached the client in one chunk per request (TPOT median 0, as a
+    starved one-core server once gave) is refused, not kept as the fastest."""
+    deployment = Deployment("plain", _server(tmp_path), ("0",), plain=True)
+    saved = (
+        '{"completed": 16, "failed": 0, "output_throughput": 329.0, "median_ttft_ms": 90.0, '
+        '"p99_ttft_ms": 100.0, "median_tpot_ms": 0.0, "p99_tpot_ms": 3.5}'
+    )
+    with pytest.raises(UnstreamedRun, match=r"TPOT median 0.00 ms: most requests' tokens"):
+        bench_serve(deployment, tmp_path, 1, 16, client=_client(tmp_path, saved))
