@@ -11,13 +11,19 @@ connector against the role, ``num_attention_ranks`` against ``num_ffn_ranks`` (t
 :func:`afd_models.topology.check_topology`), ``port`` against ``num_ffn_ranks`` (FFN rank k
 listens on ``port + k``), ``rank_offset`` against the role's rank count, and
 ``peer_restart_timeout_s`` against the connector.
+
+The deployment's shared secret (:func:`shared_secret`) comes from ``AFD_AUTH_TOKEN`` or from the
+file ``auth_token_file`` names, which is checked here (only its owner may read it); whether a
+deployment without one may start is decided when a worker connects, from its addresses.
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +45,13 @@ AFD_KEY = "afd"
 MAX_TIMEOUT_S = 365 * 24 * 3600.0
 #: the most AIV cores a CAM kernel may ask for (an Ascend 910 die has 48)
 MAX_CORE_NUM = 48
+
+#: the environment variable that may hold the deployment's shared secret
+AUTH_TOKEN_ENV = "AFD_AUTH_TOKEN"
+#: the fewest bytes a shared secret may have (a random 128-bit token, hex: 32)
+MIN_SECRET_BYTES = 16
+#: the most bytes a secret file may hold (a token, not a key store)
+MAX_SECRET_BYTES = 4096
 
 #: one label of an RFC 1123 host name: letters, digits and inner hyphens, 1 to 63 characters
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -91,6 +104,12 @@ class AFDConfig:
     #: handshake; the FFN role waits for a new Attention engine. 0 (the default): the worker fails
     #: at once, as it always did
     peer_restart_timeout_s: float = 0.0
+    #: a file holding the deployment's shared secret (only its owner may read it), instead of
+    #: ``AFD_AUTH_TOKEN`` in the environment; None: the environment's, if any
+    auth_token_file: str | None = None
+    #: start without a shared secret even where a peer could connect from another host (the
+    #: worker refuses that by default); a deployment with a secret leaves it false
+    allow_unauthenticated: bool = False
     #: the connector's own settings, already validated (an instance of its spec's extra_config)
     connector_extra_config: Any = field(default=None)
 
@@ -118,6 +137,111 @@ class AFDConfig:
 
 def _where(key: str) -> str:
     return f"additional_config.{AFD_KEY}.{key}"
+
+
+def read_secret_file(key: str, value: object) -> bytes:
+    """The secret in the file ``value`` (setting ``key``), its surrounding whitespace stripped,
+    after checking that it is a regular file only its owner can read or write.
+
+    Raises:
+        AFDConfigError: naming the setting, the file and what is wrong.
+    """
+    if not isinstance(value, str) or not value:
+        raise AFDConfigError(f"{_where(key)}={value!r} is not allowed; allowed: a file path")
+    try:
+        status = os.stat(value)
+    except OSError as exc:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} cannot be read ({exc.strerror}); allowed: an existing file "
+            "only its owner can read"
+        ) from None
+    if not stat.S_ISREG(status.st_mode):
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} is not a regular file; allowed: a file holding the secret"
+        )
+    if status.st_mode & 0o077:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} has mode {stat.S_IMODE(status.st_mode):04o}: others than its "
+            "owner may use it; allowed: a file only its owner can read (chmod 600 or 400; "
+            "a Kubernetes Secret volume with defaultMode 0400)"
+        )
+    if status.st_size > MAX_SECRET_BYTES:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} holds {status.st_size} bytes; allowed: a secret of "
+            f"{MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} bytes"
+        )
+    try:
+        with open(value, "rb") as file:
+            secret = file.read().strip()
+    except OSError as exc:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} cannot be read ({exc.strerror}); allowed: a file its owner "
+            "(this engine's user) can read"
+        ) from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise AFDConfigError(
+            f"{_where(key)}={value!r} holds a secret of {len(secret)} bytes; allowed: at least "
+            f"{MIN_SECRET_BYTES} (for example the output of: openssl rand -hex 32)"
+        )
+    return secret
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP literal or a host name) names this machine's loopback: only
+    peers on this machine can reach it. Names other than ``localhost`` are not resolved, so they
+    count as reachable from elsewhere."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def shared_secret(config: AFDConfig, environ: Mapping[str, str]) -> bytes | None:
+    """The deployment's shared secret, from ``auth_token_file`` or ``AFD_AUTH_TOKEN`` in
+    ``environ``, or None where the deployment may run without one: every group's rendezvous on a
+    loopback address, or ``allow_unauthenticated``.
+
+    Raises:
+        AFDConfigError: both sources set, a secret too short, or no secret where one is required,
+            naming the ways to set one and the key that allows a deployment without.
+    """
+    token = environ.get(AUTH_TOKEN_ENV)
+    secret: bytes | None = None
+    if config.auth_token_file is not None:
+        if token is not None:
+            raise AFDConfigError(
+                f"{_where('auth_token_file')}={config.auth_token_file!r} with {AUTH_TOKEN_ENV} "
+                "set in the environment is not allowed: both give the shared secret; allowed: "
+                "one of them"
+            )
+        secret = read_secret_file("auth_token_file", config.auth_token_file)
+    elif token is not None:
+        secret = token.strip().encode()
+        if len(secret) < MIN_SECRET_BYTES:
+            raise AFDConfigError(
+                f"{AUTH_TOKEN_ENV} holds a secret of {len(secret)} bytes; allowed: at least "
+                f"{MIN_SECRET_BYTES} (for example the output of: openssl rand -hex 32)"
+            )
+    if secret is not None:
+        if config.allow_unauthenticated:
+            raise AFDConfigError(
+                f"{_where('allow_unauthenticated')}=true with a shared secret set is not "
+                "allowed: the peers authenticate with it; allowed: false, or no secret"
+            )
+        return secret
+    exposed = [host for host in config.ffn_hosts or (config.host,) if not is_loopback(host)]
+    if exposed and not config.allow_unauthenticated:
+        key = "ffn_hosts" if config.ffn_hosts else "host"
+        raise AFDConfigError(
+            f"{_where(key)} puts a rendezvous on {', '.join(exposed)}, which other machines can "
+            f"reach, and no shared secret is set: anyone who reaches it could join as a peer. "
+            f"Allowed: the same secret on every engine, in {AUTH_TOKEN_ENV} or in the file "
+            f"{_where('auth_token_file')} names; or {_where('allow_unauthenticated')}=true to "
+            "run without one on a network you trust"
+        )
+    return None
 
 
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -255,6 +379,8 @@ _FIELDS = (
     "compute_gate_on_attention",
     "dbo",
     "peer_restart_timeout_s",
+    "auth_token_file",
+    "allow_unauthenticated",
     "connector_extra_config",
 )
 
@@ -352,8 +478,14 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
         peer_restart_timeout_s=_seconds_or_off(
             "peer_restart_timeout_s", section.get("peer_restart_timeout_s", 0)
         ),
+        allow_unauthenticated=_boolean(
+            "allow_unauthenticated", section.get("allow_unauthenticated", False)
+        ),
         connector_extra_config=_extra(connector, section.get("connector_extra_config", {})),
     )
+    if "auth_token_file" in section:
+        read_secret_file("auth_token_file", section["auth_token_file"])
+        config = replace(config, auth_token_file=section["auth_token_file"])
     if "ffn_hosts" in section:
         if "host" in section:
             raise AFDConfigError(

@@ -34,6 +34,8 @@ class Site:
     extra: Any
     #: the worker's device, where received tensors are allocated
     device: torch.device
+    #: the deployment's shared secret, which its step channels authenticate with (None: none)
+    secret: bytes | None = None
 
 
 class ConnectAttention(Protocol):

@@ -167,11 +167,19 @@ class CAMP2PAFDConnector(P2PAttentionConnector):
         device: torch.device,
         ops: CamP2POps | None = None,
         on_peer_gone: Callable[[BaseException], None] | None = None,
+        secret: bytes | None = None,
     ):
         ops = load_cam_p2p_ops(extra.core_num) if ops is None else ops
         plane = CamP2PDataPlane(device, extra.timeout_s, ops)
         super().__init__(
-            host, group, attention_rank, extra, fingerprint, plane=plane, on_peer_gone=on_peer_gone
+            host,
+            group,
+            attention_rank,
+            extra,
+            fingerprint,
+            plane=plane,
+            on_peer_gone=on_peer_gone,
+            secret=secret,
         )
 
 
@@ -187,10 +195,11 @@ class CAMP2PFFNConnector(P2PFFNConnector):
         *,
         device: torch.device,
         ops: CamP2POps | None = None,
+        secret: bytes | None = None,
     ):
         ops = load_cam_p2p_ops(extra.core_num) if ops is None else ops
         plane = CamP2PDataPlane(device, extra.timeout_s, ops)
-        super().__init__(host, group, extra, fingerprint, plane=plane)
+        super().__init__(host, group, extra, fingerprint, plane=plane, secret=secret)
 
 
 def prepare_attention(site: Site) -> ConnectAttention:
@@ -208,6 +217,7 @@ def prepare_attention(site: Site) -> ConnectAttention:
             device=site.device,
             ops=ops,
             on_peer_gone=exit_process,
+            secret=site.secret,
         )
 
     return connect
@@ -225,7 +235,13 @@ def prepare_ffn(site: Site) -> ConnectFFN:
         stop: threading.Event | None = None,
     ) -> CAMP2PFFNConnector:
         return CAMP2PFFNConnector(
-            site.host, site.group, site.extra, fingerprint, device=site.device, ops=ops
+            site.host,
+            site.group,
+            site.extra,
+            fingerprint,
+            device=site.device,
+            ops=ops,
+            secret=site.secret,
         )
 
     return connect

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import os
 import threading
 from collections.abc import Callable
 from typing import Protocol, cast
@@ -19,10 +20,10 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig
 
-from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config
+from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config, shared_secret
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
 from afd_models.connectors.build import InProcessAttention, PrepareAttention, PrepareFFN, Site
-from afd_models.connectors.specs import CONNECTORS
+from afd_models.connectors.specs import CONNECTORS, P2PExtraConfig
 from afd_models.models.ffn import token_id_layers
 from afd_models.topology import (
     TopologyError,
@@ -105,6 +106,15 @@ def worker_role_rank(vllm_config: VllmConfig) -> int:
         except TopologyError as exc:
             raise AFDConfigError(f"additional_config.afd.rank_offset={first}: {exc}") from exc
     return role_rank(dp_rank, first)
+
+
+def _step_channel_secret(afd: AFDConfig) -> bytes | None:
+    """The shared secret a point-to-point connector's step channels authenticate with, checked
+    against the deployment's addresses (:func:`~afd_models.config.shared_secret`); None for the
+    connectors without a step channel, whose peers meet through a runtime of their own."""
+    if not isinstance(afd.connector_extra_config, P2PExtraConfig):
+        return None
+    return shared_secret(afd, os.environ)
 
 
 def project_version() -> str:
@@ -201,6 +211,7 @@ def prepare_attention(
 
     rank = worker_role_rank(vllm_config)
     check_restart(vllm_config, afd)
+    secret = _step_channel_secret(afd)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     try:
         group = group_of_attention(
@@ -213,7 +224,9 @@ def prepare_attention(
         )
     except TopologyError as exc:
         raise AFDConfigError(str(exc)) from exc
-    site = Site(afd.group_host(group.ffn_rank), group, rank, afd.connector_extra_config, device)
+    site = Site(
+        afd.group_host(group.ffn_rank), group, rank, afd.connector_extra_config, device, secret
+    )
     prepare = cast(PrepareAttention, builder(_served(spec.attention, afd)))
     # before the model: a builder that cannot run here (CAM kernels off an NPU) fails now
     connect_side = prepare(site)
@@ -242,7 +255,14 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
     group = group_of_ffn(
         rank, afd.num_attention_ranks, afd.num_ffn_ranks, afd.port, tp_size=tp_size, lane=tp_rank
     )
-    site = Site(afd.group_host(group.ffn_rank), group, rank, afd.connector_extra_config, device)
+    site = Site(
+        afd.group_host(group.ffn_rank),
+        group,
+        rank,
+        afd.connector_extra_config,
+        device,
+        _step_channel_secret(afd),
+    )
     prepare = cast(PrepareFFN, builder(_served(CONNECTORS[afd.connector].ffn, afd)))
     connect_side = prepare(site)
 

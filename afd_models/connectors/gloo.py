@@ -132,9 +132,13 @@ class GlooAttentionConnector(P2PAttentionConnector):
         attention_rank: int,
         extra: GlooExtraConfig,
         fingerprint: Fingerprint | None = None,
+        *,
+        secret: bytes | None = None,
     ):
         plane = HostAwarePlane(extra.timeout_s, extra.shared_memory)
-        super().__init__(host, group, attention_rank, extra, fingerprint, plane=plane)
+        super().__init__(
+            host, group, attention_rank, extra, fingerprint, plane=plane, secret=secret
+        )
 
 
 class GlooFFNConnector(P2PFFNConnector):
@@ -148,16 +152,19 @@ class GlooFFNConnector(P2PFFNConnector):
         fingerprint: Fingerprint | None = None,
         *,
         stop: threading.Event | None = None,
+        secret: bytes | None = None,
     ):
         plane = HostAwarePlane(extra.timeout_s, extra.shared_memory)
-        super().__init__(host, group, extra, fingerprint, plane=plane, stop=stop)
+        super().__init__(host, group, extra, fingerprint, plane=plane, stop=stop, secret=secret)
 
 
 def prepare_attention(site: Site) -> ConnectAttention:
     """The gloo Attention side of ``site`` (the spec's builder)."""
 
     def connect(fingerprint: Fingerprint) -> GlooAttentionConnector:
-        return GlooAttentionConnector(site.host, site.group, site.rank, site.extra, fingerprint)
+        return GlooAttentionConnector(
+            site.host, site.group, site.rank, site.extra, fingerprint, secret=site.secret
+        )
 
     return connect
 
@@ -175,6 +182,8 @@ def prepare_ffn(site: Site) -> ConnectFFN:
         waits = site.extra
         if connect_timeout_s is not None:
             waits = dataclasses.replace(site.extra, connect_timeout_s=connect_timeout_s)
-        return GlooFFNConnector(site.host, site.group, waits, fingerprint, stop=stop)
+        return GlooFFNConnector(
+            site.host, site.group, waits, fingerprint, stop=stop, secret=site.secret
+        )
 
     return connect

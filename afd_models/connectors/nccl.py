@@ -156,10 +156,18 @@ class NcclAttentionConnector(P2PAttentionConnector):
         device: torch.device,
         make_communicator: MakeCommunicator = pynccl_communicator,
         on_peer_gone: Callable[[BaseException], None] | None = None,
+        secret: bytes | None = None,
     ):
         plane = NcclDataPlane(device, extra.timeout_s, make_communicator)
         super().__init__(
-            host, group, attention_rank, extra, fingerprint, plane=plane, on_peer_gone=on_peer_gone
+            host,
+            group,
+            attention_rank,
+            extra,
+            fingerprint,
+            plane=plane,
+            on_peer_gone=on_peer_gone,
+            secret=secret,
         )
 
 
@@ -175,9 +183,10 @@ class NcclFFNConnector(P2PFFNConnector):
         *,
         device: torch.device,
         make_communicator: MakeCommunicator = pynccl_communicator,
+        secret: bytes | None = None,
     ):
         plane = NcclDataPlane(device, extra.timeout_s, make_communicator)
-        super().__init__(host, group, extra, fingerprint, plane=plane)
+        super().__init__(host, group, extra, fingerprint, plane=plane, secret=secret)
 
 
 def prepare_attention(site: Site) -> ConnectAttention:
@@ -193,6 +202,7 @@ def prepare_attention(site: Site) -> ConnectAttention:
             fingerprint,
             device=site.device,
             on_peer_gone=exit_process,
+            secret=site.secret,
         )
 
     return connect
@@ -207,6 +217,8 @@ def prepare_ffn(site: Site) -> ConnectFFN:
         connect_timeout_s: float | None = None,
         stop: threading.Event | None = None,
     ) -> NcclFFNConnector:
-        return NcclFFNConnector(site.host, site.group, site.extra, fingerprint, device=site.device)
+        return NcclFFNConnector(
+            site.host, site.group, site.extra, fingerprint, device=site.device, secret=site.secret
+        )
 
     return connect

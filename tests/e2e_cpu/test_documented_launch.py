@@ -29,7 +29,7 @@ README = ROOT / "README.md"
 MARKED_BLOCK = re.compile(r"<!-- doc-test: (\w+) -->\n```bash\n(.*?)\n```", re.S)
 BLOCKS = ("model", "ffn", "attention", "request")
 #: the user guide's other doc-test blocks, and the test that runs each
-OTHER_BLOCKS = {"wheel": "tests/e2e_cpu/conftest.py"}
+OTHER_BLOCKS = {"wheel": "tests/e2e_cpu/conftest.py", "secret": "tests/unit/test_config.py"}
 #: where the documented model command writes the tiny model
 MODEL_DIR = Path("/tmp/afd-tiny")
 #: ports the documented commands use: Attention, FFN, the connector's rendezvous

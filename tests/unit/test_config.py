@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from afd_models.config import (
+    AUTH_TOKEN_ENV,
     AFDConfigError,
     Role,
     afd_config_from,
     check_connector_platform,
     parse_afd_config,
     require_afd_config,
+    shared_secret,
 )
 from afd_models.connectors.specs import (
     CAMAsyncExtraConfig,
@@ -530,9 +532,9 @@ def test_bad_ffn_hosts_name_the_keys(changes: dict, message: str) -> None:
     assert str(raised.value) == message
 
 
-def _multi_node_recipes() -> list[list[tuple[dict, int]]]:
-    """Each command block of docs/user-guide.md's Multi-node section: per ``vllm serve``, its
-    ``afd`` section and ``--data-parallel-size``."""
+def _multi_node_recipes() -> list[tuple[str, list[tuple[dict, int]]]]:
+    """Each command block of docs/user-guide.md's Multi-node section: its text, and per ``vllm
+    serve`` its ``afd`` section and ``--data-parallel-size``."""
     guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
     section = guide.split("### Multi-node", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
     recipes = []
@@ -544,17 +546,23 @@ def _multi_node_recipes() -> list[list[tuple[dict, int]]]:
             afd = json.loads(re.search(r"--additional-config '(.*?)'", command).group(1))["afd"]
             dp = re.search(r"--data-parallel-size (\d+)", command)
             engines.append((afd, int(dp.group(1)) if dp else 1))
-        recipes.append(engines)
+        recipes.append((block, engines))
     return recipes
 
 
 def test_the_multi_node_recipes_are_whole_deployments() -> None:
     """Every engine of each documented recipe parses, all agree on the deployment, and their
-    ranks cover each role exactly once, in engines the start-up check accepts."""
+    ranks cover each role exactly once, in engines the start-up check accepts; each recipe sets
+    the shared secret its addresses require."""
     recipes = _multi_node_recipes()
-    assert [len(engines) for engines in recipes] == [2, 4]
-    for engines in recipes:
+    assert [len(engines) for _, engines in recipes] == [2, 4]
+    for block, engines in recipes:
         configs = [(parse_afd_config(afd, platform="cpu"), dp) for afd, dp in engines]
+        assert 'export AFD_AUTH_TOKEN="$(cat ~/.afd-token)"' in block
+        for config, _ in configs:
+            assert shared_secret(config, {AUTH_TOKEN_ENV: "t" * 64}) == b"t" * 64
+            with pytest.raises(AFDConfigError, match="no shared secret is set"):
+                shared_secret(config, {})
         shared = {
             (c.port, c.num_attention_ranks, c.num_ffn_ranks, c.host, c.ffn_hosts)
             for c, _ in configs
@@ -613,3 +621,129 @@ def test_peer_restart_timeout_is_off_by_default_and_gloo_only() -> None:
             f"additional_config.afd.peer_restart_timeout_s={bad!r} is not allowed; allowed: 0 "
             "(off) or a finite number of seconds > 0 and <= 31536000 (one year)"
         )
+
+
+def _secret_file(
+    tmp_path: Path, content: bytes = b"0123456789abcdef0123\n", mode: int = 0o600
+) -> str:
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_a_secret_file_only_its_owner_can_read_is_read_stripped(tmp_path: Path) -> None:
+    path = _secret_file(tmp_path)
+    config = parse_afd_config({"role": "ffn", "auth_token_file": path})
+    assert config.auth_token_file == path
+    assert shared_secret(config, {}) == b"0123456789abcdef0123"
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "message"),
+    [
+        (b"0123456789abcdef", 0o640, "has mode 0640: others than its owner may use it; allowed: "),
+        (b"0123456789abcdef", 0o604, "has mode 0604: others than its owner may use it"),
+        (b"short\n", 0o600, "holds a secret of 5 bytes; allowed: at least 16"),
+        (b"x" * 5000, 0o600, "holds 5000 bytes; allowed: a secret of 16 to 4096 bytes"),
+    ],
+    ids=["group-readable", "world-readable", "too-short", "too-long"],
+)
+def test_a_bad_secret_file_is_refused_at_parse_time(
+    tmp_path: Path, content: bytes, mode: int, message: str
+) -> None:
+    path = _secret_file(tmp_path, content, mode)
+    with pytest.raises(AFDConfigError) as raised:
+        parse_afd_config({"role": "ffn", "auth_token_file": path})
+    assert str(raised.value).startswith(f"additional_config.afd.auth_token_file={path!r} ")
+    assert message in str(raised.value)
+
+
+def test_a_missing_or_odd_secret_file_is_refused(tmp_path: Path) -> None:
+    for value, message in [
+        (str(tmp_path / "absent"), "cannot be read (No such file or directory)"),
+        (str(tmp_path), "is not a regular file"),
+        ("", "is not allowed; allowed: a file path"),
+        (7, "is not allowed; allowed: a file path"),
+    ]:
+        with pytest.raises(AFDConfigError, match=re.escape(message)):
+            parse_afd_config({"role": "attention", "auth_token_file": value})
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"role": "ffn"},
+        {"role": "ffn", "host": "localhost"},
+        {"role": "ffn", "host": "::1"},
+        {"role": "attention", "host": "127.0.0.2"},
+        {"role": "ffn", "host": "10.0.0.1", "allow_unauthenticated": True},
+    ],
+)
+def test_a_deployment_without_a_secret_starts_on_loopback_or_when_allowed(section: dict) -> None:
+    assert shared_secret(parse_afd_config(section), {}) is None
+
+
+@pytest.mark.parametrize(
+    ("section", "exposed"),
+    [
+        ({"role": "ffn", "host": "10.0.0.1"}, "host puts a rendezvous on 10.0.0.1"),
+        ({"role": "attention", "host": "0.0.0.0"}, "host puts a rendezvous on 0.0.0.0"),
+        (
+            {
+                "role": "attention",
+                "num_ffn_ranks": 2,
+                "num_attention_ranks": 2,
+                "ffn_hosts": ["127.0.0.1", "ffn-1.cluster.local"],
+            },
+            "ffn_hosts puts a rendezvous on ffn-1.cluster.local",
+        ),
+    ],
+)
+def test_a_reachable_deployment_without_a_secret_is_refused(section: dict, exposed: str) -> None:
+    """Secure by default: the message names the two ways to set a secret and the key that
+    allows running without one."""
+    with pytest.raises(AFDConfigError) as raised:
+        shared_secret(parse_afd_config(section), {})
+    assert str(raised.value) == (
+        f"additional_config.afd.{exposed}, which other machines can reach, and no shared secret "
+        "is set: anyone who reaches it could join as a peer. Allowed: the same secret on every "
+        "engine, in AFD_AUTH_TOKEN or in the file additional_config.afd.auth_token_file names; "
+        "or additional_config.afd.allow_unauthenticated=true to run without one on a network "
+        "you trust"
+    )
+    assert shared_secret(parse_afd_config(section), {AUTH_TOKEN_ENV: "t" * 16}) == b"t" * 16
+
+
+def test_secret_sources_that_conflict_or_are_too_short_are_refused(tmp_path: Path) -> None:
+    path = _secret_file(tmp_path)
+    with_file = parse_afd_config({"role": "ffn", "auth_token_file": path})
+    with pytest.raises(
+        AFDConfigError, match="with AFD_AUTH_TOKEN set in the environment is not allowed"
+    ):
+        shared_secret(with_file, {AUTH_TOKEN_ENV: "t" * 16})
+    with pytest.raises(AFDConfigError, match="AFD_AUTH_TOKEN holds a secret of 3 bytes"):
+        shared_secret(parse_afd_config({"role": "ffn"}), {AUTH_TOKEN_ENV: "abc"})
+    allowed = parse_afd_config({"role": "ffn", "allow_unauthenticated": True})
+    with pytest.raises(AFDConfigError, match="allow_unauthenticated=true with a shared secret"):
+        shared_secret(allowed, {AUTH_TOKEN_ENV: "t" * 16})
+    with pytest.raises(AFDConfigError, match=r"allow_unauthenticated='yes' is not allowed"):
+        parse_afd_config({"role": "ffn", "allow_unauthenticated": "yes"})
+
+
+def test_the_documented_secret_commands_make_a_secret_both_ways_accept(tmp_path: Path) -> None:
+    """The user guide's Security block, run as written with ``tmp_path`` for a home: the file it
+    writes passes as ``auth_token_file``, and what it exports as ``AFD_AUTH_TOKEN``."""
+    from tests.e2e_cpu.test_documented_launch import GUIDE, documented_blocks, run_block
+
+    script = documented_blocks(GUIDE, ("secret",))["secret"]
+    done = run_block(script + '\necho "$AFD_AUTH_TOKEN"', 30, env={"HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    token = tmp_path / ".afd-token"
+    assert token.stat().st_mode & 0o777 == 0o600
+    exported = done.stdout.strip()
+    assert re.fullmatch("[0-9a-f]{64}", exported) and token.read_text().strip() == exported
+    from_file = parse_afd_config({"role": "ffn", "host": "10.0.0.1", "auth_token_file": str(token)})
+    assert shared_secret(from_file, {}) == exported.encode()
+    from_env = parse_afd_config({"role": "ffn", "host": "10.0.0.1"})
+    assert shared_secret(from_env, {AUTH_TOKEN_ENV: exported}) == exported.encode()

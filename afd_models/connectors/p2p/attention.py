@@ -17,6 +17,8 @@ from afd_models.connectors.base import (
     Fingerprint,
     StepHeader,
 )
+from afd_models.connectors.p2p.auth import respond
+from afd_models.connectors.p2p.channel_store import ChannelStore
 from afd_models.connectors.p2p.plane import (
     DataPlane,
     Transfer,
@@ -54,7 +56,8 @@ class P2PAttentionConnector(AFDConnector):
 
     ``fingerprint`` describes this worker's engine (see
     :func:`afd_models.connectors.factory.fingerprint`); without one the connector presents a bare
-    fingerprint, which only a bare FFN connector accepts (benchmarks, tests).
+    fingerprint, which only a bare FFN connector accepts (benchmarks, tests). ``secret`` is the
+    deployment's shared secret, which the FFN side must ask for and prove (None: it must not).
     """
 
     #: seconds between two "still waiting" lines while connecting (PROGRESS_EVERY_S)
@@ -70,6 +73,7 @@ class P2PAttentionConnector(AFDConnector):
         *,
         plane: DataPlane,
         on_peer_gone: Callable[[BaseException], None] | None = None,
+        secret: bytes | None = None,
     ):
         super().__init__()
         #: transfers in flight by (micro-batch, layer): the output buffer (None until a split
@@ -80,6 +84,8 @@ class P2PAttentionConnector(AFDConnector):
         self._watchdog: PeerWatchdog | None = None
         self.fingerprint = fingerprint or Fingerprint.bare(attention_rank)
         self._host, self._extra, self._on_peer_gone = host, extra, on_peer_gone
+        #: the deployment's shared secret (None: the FFN side must not ask for one)
+        self._secret = secret
         self._group = self._connect(group, plane, extra)
         try:
             self.metrics = PeerMetrics(
@@ -105,7 +111,7 @@ class P2PAttentionConnector(AFDConnector):
         self._group, self._prefix = rendezvous, rendezvous.prefix
         try:
             self._steps = self._connect_step_channel(extra)
-            rendezvous.form()
+            self._form(rendezvous, self._steps, extra)
             if plane.waits_on_device:
                 self._watchdog = PeerWatchdog(self._steps, rendezvous, self._on_peer_gone)
         except BaseException:
@@ -167,16 +173,8 @@ class P2PAttentionConnector(AFDConnector):
     def _connect_step_channel(self, extra: P2PExtraConfig) -> socket.socket:
         """Open the step channel and pass the handshake; the channel is closed if either fails."""
         where, rank = self._group.where, self.fingerprint.role_rank
-        port = self._group.step_port()
+        channel = self._opened_channel(extra)
         try:
-            channel = socket.create_connection((self._group.host, port), self._group.remaining_s())
-        except OSError as exc:  # a store whose FFN worker is leaving
-            raise AFDPeerGoneError(
-                f"{self._prefix}: no step channel from the FFN worker at {where}: {exc}"
-            ) from None
-        try:
-            channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            channel.settimeout(extra.timeout_s)
             try:
                 channel.sendall(RANK.pack(self._group.group_rank) + self.fingerprint.encode())
             except OSError as exc:
@@ -218,6 +216,62 @@ class P2PAttentionConnector(AFDConnector):
             channel.close()
             raise
         return channel
+
+    def _opened_channel(self, extra: P2PExtraConfig) -> socket.socket:
+        """A step channel past its opening (:meth:`_authenticate`). An FFN worker that closes
+        the connection before it (one leaving, or one busy with as many openings as it takes at
+        once) is tried again until the connect timeout."""
+        deadline = self._group.started + extra.connect_timeout_s
+        while True:
+            channel = self._group.connect()
+            try:
+                channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                channel.settimeout(extra.timeout_s)
+                self._authenticate(channel, self._group.where, extra)
+                return channel
+            except AFDPeerGoneError as exc:
+                channel.close()
+                if time.monotonic() + PROBE_EVERY_S >= deadline:
+                    raise
+                logger.info("%s: %s; trying again", self._prefix, exc)
+            except BaseException:
+                channel.close()
+                raise
+            time.sleep(PROBE_EVERY_S)
+
+    def _form(self, rendezvous: Rendezvous, channel: socket.socket, extra: P2PExtraConfig) -> None:
+        """Form the data plane through the group's store, reached over ``channel``
+        (:class:`~afd_models.connectors.p2p.channel_store.ChannelStore`), then hand the channel
+        back to the steps."""
+        channel.settimeout(rendezvous.remaining_s())
+        store = ChannelStore(channel)
+        try:
+            rendezvous.form(store)
+            store.done()
+        except OSError as exc:
+            raise AFDPeerGoneError(
+                f"{self._prefix}: the FFN worker at {rendezvous.where} left while the data plane "
+                f"formed: {exc}"
+            ) from None
+        channel.settimeout(extra.timeout_s)
+
+    def _authenticate(self, channel: socket.socket, where: str, extra: P2PExtraConfig) -> None:
+        """Pass the step channel's opening (:func:`~afd_models.connectors.p2p.auth.respond`)."""
+        try:
+            respond(channel, self._secret)
+        except AFDConnectionError as exc:
+            raise AFDConnectionError(f"{self._prefix}: the FFN worker at {where}: {exc}") from None
+        except TimeoutError:
+            raise AFDConnectionError(
+                f"{self._prefix}: the FFN worker at {where} did not answer the handshake within "
+                f"{extra.timeout_s:.0f} s (is it an AFD FFN worker of the same vllm-afd-overlay "
+                "version?)"
+            ) from None
+        except OSError as exc:
+            raise AFDPeerGoneError(
+                f"{self._prefix}: the FFN worker at {where} closed the step channel before "
+                f"the handshake: {exc}"
+            ) from None
 
     def _answer(self, channel: socket.socket, where: str, within: str) -> tuple[bytes, str]:
         try:

@@ -4,13 +4,17 @@ their fingerprints, wait for steps and serve their layers (docs/design.md, secti
 
 from __future__ import annotations
 
+import queue
 import select
 import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
+from torch.distributed import HashStore
 
 from afd_models.connectors.base import (
     TOKEN_ID_DTYPE,
@@ -23,6 +27,8 @@ from afd_models.connectors.base import (
     compare_fingerprints,
     peers_with,
 )
+from afd_models.connectors.p2p.auth import AuthenticationError, check_proof, send_hello
+from afd_models.connectors.p2p.channel_store import StoreServer
 from afd_models.connectors.p2p.plane import (
     DataPlane,
     Part,
@@ -55,12 +61,18 @@ from afd_models.topology import Group
 
 logger = get_logger(__name__)
 
+#: the most step-channel openings an FFN worker runs at once; a connection beyond them is closed
+MAX_OPENINGS = 32
+#: seconds an ending rendezvous waits for an opening's thread, woken by the shutdown of its socket
+CLOSE_WAIT_S = 5.0
+
 
 class P2PFFNConnector(FFNConnector):
     """FFN side: group rank 0, serving the Attention peers of its group over ``plane``.
 
     Each peer must present a fingerprint equal to ``fingerprint`` in every field but the role
-    rank (a bare one when not given, as :class:`P2PAttentionConnector` presents).
+    rank (a bare one when not given, as :class:`P2PAttentionConnector` presents), after proving
+    ``secret``, the deployment's shared secret, where there is one.
     """
 
     #: seconds between two "still waiting" lines while connecting (PROGRESS_EVERY_S)
@@ -75,8 +87,11 @@ class P2PFFNConnector(FFNConnector):
         *,
         plane: DataPlane,
         stop: threading.Event | None = None,
+        secret: bytes | None = None,
     ):
         self.group = group
+        #: the deployment's shared secret, which every peer must prove (None: no one is asked)
+        self._secret = secret
         self.idle_timeout_s = extra.idle_timeout_s
         self.peers = list(range(1, group.size))
         self.headers: list[StepHeader] = []
@@ -92,6 +107,13 @@ class P2PFFNConnector(FFNConnector):
         self._group = Rendezvous(host, group, 0, extra, "ffn", plane, self.progress_every_s)
         self._prefix = self._group.prefix
         self._connector = f"AFD {plane.name} connector at {self._group.where}"
+        logger.info(
+            "%s: %s",
+            self._prefix,
+            "peers must prove the deployment's shared secret"
+            if secret is not None
+            else "peers are not authenticated (no shared secret set)",
+        )
         try:
             # a stop writes to this pair to wake a wait_step blocked in select()
             self._wake_reader, self._wake_writer = socket.socketpair()
@@ -99,8 +121,8 @@ class P2PFFNConnector(FFNConnector):
             self._group.close()
             raise
         try:
-            self._channels = self._accept_step_channels(host, extra, stop)
-            self._group.form()
+            self._channels = self._accept_step_channels(extra, stop)
+            self._form()
             self.metrics = [
                 PeerMetrics("ffn", group.ffn_rank, group.lane, f"attention{r}")
                 for r in group.attention_ranks
@@ -112,51 +134,53 @@ class P2PFFNConnector(FFNConnector):
             raise
 
     def _accept_step_channels(
-        self, host: str, extra: P2PExtraConfig, stop: threading.Event | None
+        self, extra: P2PExtraConfig, stop: threading.Event | None
     ) -> list[socket.socket]:
         """One TCP connection per Attention peer, in peer order, each past the handshake; on
         failure (or once ``stop`` is set) every channel is closed, and the peers accepted so far
-        are told why."""
+        are told why. A connection that fails its opening is dropped (:class:`_Openings`)."""
         channels: dict[int, socket.socket] = {}
         # one connect timeout for the whole rendezvous, as the progress lines count it
         deadline = self._group.started + extra.connect_timeout_s
         report = self._group.started + self.progress_every_s
+        openings = _Openings(self._prefix, self._secret, extra.timeout_s)
         try:
-            with socket.create_server((host, 0)) as listener:
-                self._group.publish_step_port(listener.getsockname()[1])
-                while len(channels) < len(self.peers):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise AFDConnectionError(
-                            f"{self._prefix}: attention ranks {self._missing(channels)} did not "
-                            f"open their step channel within {extra.connect_timeout_s:.0f} s"
-                        )
-                    if stop is not None and stop.is_set():
-                        raise AFDConnectionError(
-                            f"{self._prefix}: stopped while waiting for attention ranks "
-                            f"{self._missing(channels)}"
-                        )
-                    # short slices: a stop is seen within one, progress is said every interval
-                    listener.settimeout(min(remaining, PROBE_EVERY_S))
+            listener = self._group.listener
+            assert listener is not None, "accepted during construction only"
+            while len(channels) < len(self.peers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AFDConnectionError(
+                        f"{self._prefix}: attention ranks {self._missing(channels)} did not "
+                        f"open their step channel within {extra.connect_timeout_s:.0f} s"
+                    )
+                if stop is not None and stop.is_set():
+                    raise AFDConnectionError(
+                        f"{self._prefix}: stopped while waiting for attention ranks "
+                        f"{self._missing(channels)}"
+                    )
+                if time.monotonic() >= report:
+                    report += self.progress_every_s
+                    self._still_waiting(channels, extra)
+                # short slices: a stop is seen within one, progress is said every interval
+                ready, _, _ = select.select(
+                    [listener, openings.ready], [], [], min(remaining, PROBE_EVERY_S)
+                )
+                if listener in ready:
                     try:
-                        channel, _ = listener.accept()
-                    except TimeoutError:
-                        if time.monotonic() >= report:
-                            report += self.progress_every_s
-                            self._still_waiting(channels, extra)
-                        continue
+                        channel, address = listener.accept()
                     except OSError as exc:
                         raise AFDConnectionError(
-                            f"{self._prefix}: the step-channel listener at {self._group.where} "
-                            f"failed while attention ranks {self._missing(channels)} had not "
-                            f"connected: {exc}"
+                            f"{self._prefix}: the listener at {self._group.where} failed while "
+                            f"attention ranks {self._missing(channels)} had not connected: {exc}"
                         ) from None
+                    openings.start(channel, f"{address[0]}:{address[1]}")
+                for arrival in openings.arrived():
                     try:
-                        rank = self._admit(channel, channels, extra)
+                        channels[self._admit(arrival, channels)] = arrival.channel
                     except BaseException:
-                        channel.close()
+                        arrival.channel.close()
                         raise
-                    channels[rank] = channel
             for rank, channel in channels.items():
                 try:
                     send_answer(channel, READY)
@@ -169,8 +193,34 @@ class P2PFFNConnector(FFNConnector):
             for channel in channels.values():
                 tell(channel, GAVE_UP, str(exc) or type(exc).__name__)
                 channel.close()
+            openings.close(str(exc) or type(exc).__name__)
             raise
+        openings.close("the group formed without it")
         return [channels[peer] for peer in self.peers]
+
+    def _form(self) -> None:
+        """Form the data plane through the group's store: this worker's own, which each peer
+        reaches over its step channel until its side formed (:class:`StoreServer`)."""
+        store = HashStore()
+        store.set_timeout(timedelta(seconds=self._group.remaining_s()))
+        servers = [
+            StoreServer(channel, store, f"the Attention peer of group rank {peer}")
+            for peer, channel in zip(self.peers, self._channels, strict=True)
+        ]
+        try:
+            self._group.form(store)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        for server in servers:
+            server.join(self._group.remaining_s())
+        failed = [server.error for server in servers if server.error is not None]
+        if failed:
+            raise AFDConnectionError(
+                f"{self._prefix}: group {self.group.ffn_rank} at {self._group.where} did not "
+                f"form: {'; '.join(failed)}"
+            )
 
     def _missing(self, channels: dict[int, socket.socket]) -> list[int]:
         """The attention ranks of the peers not yet admitted."""
@@ -190,46 +240,23 @@ class P2PFFNConnector(FFNConnector):
             extra.connect_timeout_s,
         )
 
-    def _admit(
-        self, channel: socket.socket, channels: dict[int, socket.socket], extra: P2PExtraConfig
-    ) -> int:
-        """Read a peer's group rank and fingerprint and accept it, or refuse it (telling it why)
-        and raise."""
-        where = self._group.where
-        channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        channel.settimeout(extra.timeout_s)
-        rank_bytes = bytearray(RANK.size)
-        try:
-            read_into(channel, memoryview(rank_bytes))
-            rank = int(RANK.unpack(rank_bytes)[0])
-            theirs = read_fingerprint(channel)
-        except AFDConnectionError as exc:  # malformed: say so to the peer too
-            tell(channel, REFUSED, str(exc))
-            raise AFDConnectionError(
-                f"{self._prefix}: a peer of group {self._group.group.ffn_rank} at {where}: {exc}"
-            ) from None
-        except TimeoutError:
-            raise AFDConnectionError(
-                f"{self._prefix}: a peer at {where} sent no group rank and fingerprint within "
-                f"{extra.timeout_s:.0f} s (an AFD version without the connect handshake, or not an AFD peer?)"
-            ) from None
-        except OSError as exc:
-            raise AFDConnectionError(
-                f"{self._prefix}: a peer at {where} left during the handshake: {exc}"
-            ) from None
-        reason = self._refusal(rank, theirs, channels)
+    def _admit(self, arrival: _Arrival, channels: dict[int, socket.socket]) -> int:
+        """Accept a peer past its opening, by its group rank and fingerprint, or refuse it
+        (telling it why) and raise: a real peer configured unlike this engine fails fast."""
+        where, theirs = self._group.where, arrival.fingerprint
+        reason = self._refusal(arrival.rank, theirs, channels)
         if reason is not None:
-            tell(channel, REFUSED, reason)
+            tell(arrival.channel, REFUSED, reason)
             raise AFDConnectionError(
                 f"{self._prefix}: refused attention rank {theirs.role_rank} at {where}: {reason}"
             )
         try:
-            send_answer(channel, ACCEPTED)
+            send_answer(arrival.channel, ACCEPTED)
         except OSError as exc:
             raise AFDConnectionError(
                 f"{self._prefix}: attention rank {theirs.role_rank} left during the handshake at {where}: {exc}"
             ) from None
-        return rank
+        return arrival.rank
 
     def _refusal(
         self, rank: int, theirs: Fingerprint, channels: dict[int, socket.socket]
@@ -380,3 +407,128 @@ class P2PFFNConnector(FFNConnector):
 
 def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+@dataclass(frozen=True)
+class _Arrival:
+    """A connection past its opening, with the group rank and fingerprint it sent."""
+
+    channel: socket.socket
+    #: where it came from (``host:port``), for the log
+    address: str
+    rank: int
+    fingerprint: Fingerprint
+
+
+class _Openings:
+    """The step-channel openings in progress, a thread each: the hello, the shared secret's
+    challenge (:mod:`~afd_models.connectors.p2p.auth`), then the group rank and
+    fingerprint, all within ``timeout_s``. A connection that fails any of it (no or another
+    secret, a replayed exchange, garbage, silence, a malformed fingerprint) is logged with its
+    address and dropped; the rendezvous goes on. One that passes waits in :meth:`arrived`, and
+    :attr:`ready` turns readable."""
+
+    def __init__(self, prefix: str, secret: bytes | None, timeout_s: float):
+        self._prefix, self._secret, self._timeout_s = prefix, secret, timeout_s
+        self._lock = threading.Lock()
+        #: connections whose opening runs now (closed by :meth:`close`)
+        self._running: set[socket.socket] = set()
+        self._arrivals: queue.SimpleQueue[_Arrival] = queue.SimpleQueue()
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        #: readable once an arrival waits (a byte per arrival)
+        self.ready, self._wake = socket.socketpair()
+
+    def start(self, channel: socket.socket, address: str) -> None:
+        with self._lock:
+            if len(self._running) >= MAX_OPENINGS:
+                logger.warning(
+                    "%s: dropped a connection from %s: %d handshakes in progress already",
+                    self._prefix,
+                    address,
+                    MAX_OPENINGS,
+                )
+                channel.close()
+                return
+            self._running.add(channel)
+            self._threads = [thread for thread in self._threads if thread.is_alive()]
+            thread = threading.Thread(
+                target=self._open, args=(channel, address), name="afd-step-opening", daemon=True
+            )
+            self._threads.append(thread)
+        thread.start()
+
+    def _open(self, channel: socket.socket, address: str) -> None:
+        reason, arrival = self._pass(channel, address)
+        with self._lock:
+            self._running.discard(channel)
+            if arrival is not None and not self._closed:
+                self._arrivals.put(arrival)
+                self._wake.send(b"\0")
+                return
+        channel.close()
+        if reason is not None:
+            logger.warning("%s: dropped a connection from %s: %s", self._prefix, address, reason)
+
+    def _pass(self, channel: socket.socket, address: str) -> tuple[str | None, _Arrival | None]:
+        """The arrival, or why the connection is dropped (None once closed: nothing to say)."""
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ffn_nonce = send_hello(channel, self._secret)
+            channel.settimeout(self._timeout_s)
+            if not channel.recv(1, socket.MSG_PEEK):
+                logger.debug("%s: %s closed without a word (a probe)", self._prefix, address)
+                return None, None
+            if self._secret is not None:
+                check_proof(channel, self._secret, ffn_nonce, deadline)
+            rank_bytes = bytearray(RANK.size)
+            read_into(channel, memoryview(rank_bytes), deadline)
+            rank = int(RANK.unpack(rank_bytes)[0])
+            theirs = read_fingerprint(channel, deadline)
+        except AuthenticationError as exc:
+            return f"it failed authentication: {exc}", None
+        except AFDConnectionError as exc:  # a malformed fingerprint: say so to the peer too
+            tell(channel, REFUSED, str(exc))
+            return str(exc), None
+        except TimeoutError:
+            return (
+                f"it sent no whole handshake within {self._timeout_s:.0f} s (not an AFD peer, "
+                "or an AFD version without this handshake?)",
+                None,
+            )
+        except OSError as exc:
+            return (None if self._closed else f"it left during the handshake: {exc}"), None
+        channel.settimeout(self._timeout_s)
+        return None, _Arrival(channel, address, rank, theirs)
+
+    def arrived(self) -> list[_Arrival]:
+        """The connections that passed their opening since the last call."""
+        self.ready.setblocking(False)
+        try:
+            while self.ready.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        found = []
+        while not self._arrivals.empty():
+            found.append(self._arrivals.get())
+        return found
+
+    def close(self, why: str) -> None:
+        """End every opening in progress and tell each arrival not taken ``why`` it is closed."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for channel in running:
+            try:  # wakes the opening's thread, which closes the channel
+                channel.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in self._threads:
+            thread.join(CLOSE_WAIT_S)
+        for arrival in self.arrived():
+            tell(arrival.channel, GAVE_UP, why)
+            arrival.channel.close()
+        self.ready.close()
+        self._wake.close()

@@ -1,15 +1,14 @@
-"""A connector group's rendezvous: the store the FFN worker hosts, the Attention side's probes of
-it, and the data plane formed once the handshake accepted every peer (docs/design.md, section
-"Wire protocol")."""
+"""A connector group's rendezvous: the listener the FFN worker hosts on the group's address, the
+Attention side's connect to it, and the data plane formed once the handshake accepted every peer
+(docs/design.md, sections "Wire protocol" and "Authentication")."""
 
 from __future__ import annotations
 
 import socket
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 
-from torch.distributed import TCPStore
+from torch.distributed import Store
 
 from afd_models.connectors.base import AFDConnectionError
 from afd_models.connectors.p2p.plane import DataPlane, Transfer, Wait
@@ -20,17 +19,16 @@ from afd_models.topology import Group
 logger = get_logger(__name__)
 
 
-#: store key under which the FFN worker publishes the port of its step-header listener
-STEPS_KEY = "step-channel-port"
 #: seconds between two "still waiting" lines while a rendezvous waits for the other role
 PROGRESS_EVERY_S = 30.0
-#: seconds between two probes of the FFN worker's store while the Attention side waits for it,
-#: and the longest the FFN side waits in one accept before it looks at its stop event again
+#: seconds between two connect attempts while the Attention side waits for the FFN worker, and
+#: the longest the FFN side waits in one accept before it looks at its stop event again
 PROBE_EVERY_S = 0.5
 
 
 class Rendezvous:
-    """The group's store (hosted by the FFN worker) and its data plane."""
+    """Where a group meets: the FFN worker's listener on the group's address and port, where
+    every step channel opens (only until the group formed), and the group's data plane."""
 
     def __init__(
         self,
@@ -64,39 +62,28 @@ class Rendezvous:
             extra.connect_timeout_s,
             group.size - 1,
         )
-        self.store: TCPStore | None = self._open_store()
+        #: the FFN worker's listener, until the group formed
+        self.listener: socket.socket | None = self._listen() if group_rank == 0 else None
 
-    def _open_store(self) -> TCPStore:
-        """Host the group's store (FFN), or connect to it (Attention) within the connect timeout;
-        either way its operations then wait up to the connect timeout."""
-        hosting = self.group_rank == 0
-        timeout_s = self.connect_timeout_s
-        if not hosting:
-            self._wait_for_host()
-            timeout_s = self.remaining_s()
-        # Nobody waits for a worker count here: the engines agree on the group size only once
-        # the handshake has compared their fingerprints.
+    def _listen(self) -> socket.socket:
+        """FFN side: listen on the group's address only, never on every interface."""
         try:
-            store = TCPStore(
-                self.host,
-                self.group.port,
-                is_master=hosting,
-                timeout=timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-            )
-        except (RuntimeError, OSError) as exc:
-            raise self._no_group(exc) from None
-        store.set_timeout(timedelta(seconds=self.remaining_s()))
-        return store
+            family = socket.getaddrinfo(self.host, self.group.port, type=socket.SOCK_STREAM)[0][0]
+            return socket.create_server((self.host, self.group.port), family=family)
+        except OSError as exc:
+            raise AFDConnectionError(
+                f"{self.prefix}: cannot host group {self.group.ffn_rank} at {self.where} (is "
+                f"another engine on this port, or the address another machine's?): {exc}"
+            ) from None
 
     def remaining_s(self) -> float:
         """What is left of the connect timeout, at least a second to finish a step of it."""
         return max(self.started + self.connect_timeout_s - time.monotonic(), 1.0)
 
-    def _wait_for_host(self) -> None:
-        """Attention side: wait until the FFN worker's store accepts connections (it hosts the
-        store once its model is loaded), saying every ``progress_every_s`` whom it waits for.
-        Plain probes: a ``TCPStore`` client that gives up logs a C++ stack trace.
+    def connect(self) -> socket.socket:
+        """Attention side: a connection to the FFN worker's listener (it listens once its model
+        is loaded), trying every ``PROBE_EVERY_S`` and saying every ``progress_every_s`` whom it
+        waits for.
 
         Raises:
             AFDConnectionError: nothing accepted within the connect timeout.
@@ -104,12 +91,13 @@ class Rendezvous:
         deadline = self.started + self.connect_timeout_s
         report = self.started + self.progress_every_s
         while True:
-            # each probe at most one progress interval, so a network that drops packets (a
+            # each try at most one progress interval, so a network that drops packets (a
             # firewall) still gets its progress lines
             wait_s = min(max(deadline - time.monotonic(), 0.01), self.progress_every_s)
-            last = probe(self.host, self.group.port, wait_s)
-            if last is None:
-                return
+            try:
+                return socket.create_connection((self.host, self.group.port), wait_s)
+            except OSError as exc:
+                last = str(exc)  # the text only: the error's frames would keep its socket alive
             if time.monotonic() >= deadline:
                 raise self._no_group(last)
             if time.monotonic() >= report:
@@ -133,11 +121,11 @@ class Rendezvous:
             f"{self.connect_timeout_s:.0f} s (is the other role running with the same host/port?): {exc}"
         )
 
-    def form(self) -> None:
-        """Form the data plane (every member calls this once the handshake accepted them all)."""
-        assert self.store is not None, "formed during construction only"
+    def form(self, store: Store) -> None:
+        """Form the data plane through the group's ``store`` (every member calls this once the
+        handshake accepted them all); the FFN worker stops listening once it formed."""
         try:
-            self.plane.form(self.store, self.group_rank, self.group.size)
+            self.plane.form(store, self.group_rank, self.group.size)
         except AFDConnectionError:
             raise
         except (RuntimeError, OSError) as exc:
@@ -146,6 +134,7 @@ class Rendezvous:
                 f"at {self.where} did not form after the handshake: {exc}"
             ) from None
         self.formed = True
+        self._stop_listening()
         logger.info(
             "%s: group %d at %s ready in %.1f s; data plane: %s",
             self.prefix,
@@ -155,36 +144,26 @@ class Rendezvous:
             self.plane.description,
         )
 
-    def publish_step_port(self, port: int) -> None:
-        """FFN side: tell the Attention peers where to send step headers."""
-        assert self.store is not None, "published during construction only"
-        self.store.set(STEPS_KEY, str(port))
-
-    def step_port(self) -> int:
-        """Attention side: the FFN worker's step-header port (waits for what is left of
-        ``connect_timeout_s``)."""
-        assert self.store is not None, "looked up during construction only"
-        try:
-            return int(self.store.get(STEPS_KEY))
-        except (RuntimeError, OSError) as exc:
-            raise self._no_group(exc) from None
-
     def start(self, transfers: Sequence[Transfer], what: str) -> Wait:
         if not self.formed:
             raise AFDConnectionError(f"AFD {self.plane.name} connector at {self.where} is closed")
         return self.plane.start(transfers, what)
 
+    def _stop_listening(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
     def close(self) -> None:
-        """Abort pending transfers and release sockets and ports (the store's with its last
-        reference); safe to call twice."""
+        """Abort pending transfers and release sockets and ports; safe to call twice."""
         self.formed = False
+        self._stop_listening()
         self.plane.close()
-        self.store = None
 
 
 def probe(host: str, port: int, timeout_s: float) -> str | None:
     """None when something accepts connections at ``host:port`` within ``timeout_s``, else why
-    not. A plain TCP probe: a ``TCPStore`` client that gives up logs a C++ stack trace."""
+    not."""
     try:
         with socket.create_connection((host, port), timeout_s):
             return None

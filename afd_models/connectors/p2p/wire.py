@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 import torch
 
@@ -63,22 +64,32 @@ def read_answer(channel: socket.socket) -> tuple[bytes, str]:
     return kind, text.decode(errors="replace")
 
 
-def read_fingerprint(channel: socket.socket) -> Fingerprint:
+def read_fingerprint(channel: socket.socket, deadline: float | None = None) -> Fingerprint:
     prefix = bytearray(Fingerprint.LENGTH.size)
-    read_into(channel, memoryview(prefix))
+    read_into(channel, memoryview(prefix), deadline)
     (length,) = Fingerprint.LENGTH.unpack(prefix)
     if length > Fingerprint.MAX_BYTES:  # not read: decode names the announced length
         return Fingerprint.decode(bytes(prefix))
     payload = bytearray(length)
-    read_into(channel, memoryview(payload))
+    read_into(channel, memoryview(payload), deadline)
     return Fingerprint.decode(bytes(prefix + payload))
 
 
-def read_into(channel: socket.socket, buffer: memoryview) -> None:
-    """Fill ``buffer`` from ``channel``; a closed connection is an error, not a short read."""
+def read_into(channel: socket.socket, buffer: memoryview, deadline: float | None = None) -> None:
+    """Fill ``buffer`` from ``channel``, by ``deadline`` (``time.monotonic()``) when given, else
+    within the channel's timeout per read; a closed connection is an error, not a short read.
+
+    Raises:
+        TimeoutError: ``deadline`` passed first (a slow sender cannot stretch it byte by byte).
+    """
     view = buffer.cast("B")
     filled = 0
     while filled < len(view):
+        if deadline is not None:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise TimeoutError(f"{filled} of {len(view)} bytes by the deadline")
+            channel.settimeout(left_s)
         received = channel.recv_into(view[filled:])
         if not received:
             raise ConnectionError("the peer closed the connection")

@@ -1,0 +1,317 @@
+"""Who gets into a connector group (issue 35): with a shared secret, the real Attention peer is
+admitted and served, while strangers (no secret, a wrong secret, a replayed exchange, garbage,
+silence) get nothing but the FFN worker's hello and never stop its rendezvous; a secret on one
+role only is refused by the Attention side with a message saying so; the FFN worker listens on
+its configured address only, and only until its group formed.
+
+The FFN connector runs in a thread of this process, the peers in this one (the handshake is the
+same between processes: ``test_gloo_connector.py`` runs it so)."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from afd_models.cli.serve import free_port
+from afd_models.connectors.base import AFDConnectionError
+from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
+from afd_models.connectors.p2p.auth import HELLO, MAGIC, NONCE_BYTES, PROOF_BYTES, respond
+from afd_models.connectors.p2p.ffn import MAX_OPENINGS
+from afd_models.connectors.specs import GlooExtraConfig
+from afd_models.topology import groups
+from tests.logs import AFDLines
+
+SECRET = b"s3cret-token-of-the-deployment-0123"
+#: a stranger's silence is dropped within timeout_s
+EXTRA = GlooExtraConfig(connect_timeout_s=60, timeout_s=2)
+#: seconds a refused Attention side may take to fail
+FAST_S = 10.0
+
+
+class FFNInThread:
+    """A gloo FFN connector of a 1A1F group at ``port``, connecting in a thread."""
+
+    def __init__(self, port: int, secret: bytes | None, extra: GlooExtraConfig = EXTRA):
+        self.port = port
+        self.connector: GlooFFNConnector | None = None
+        self.error: BaseException | None = None
+        group = groups(1, 1, port)[0]
+
+        def connect() -> None:
+            try:
+                self.connector = GlooFFNConnector("127.0.0.1", group, extra, secret=secret)
+            except BaseException as exc:  # reported by the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=connect, daemon=True)
+        self.thread.start()
+
+    def step_channel(self) -> socket.socket:
+        """A fresh connection to the FFN worker's listener, once it listens."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                channel = socket.create_connection(("127.0.0.1", self.port), 10)
+                channel.settimeout(10)
+                return channel
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "the FFN connector never listened"
+                time.sleep(0.1)
+
+    def join(self) -> GlooFFNConnector:
+        self.thread.join(60)
+        assert self.error is None, self.error
+        assert self.connector is not None
+        return self.connector
+
+
+def _hello(channel: socket.socket) -> bytes:
+    """The FFN side's hello on a fresh ``channel``."""
+    hello = b""
+    while len(hello) < HELLO.size and (chunk := channel.recv(HELLO.size - len(hello))):
+        hello += chunk
+    return hello
+
+
+def _rest(channel: socket.socket) -> bytes:
+    """What the FFN side sends on ``channel`` until it closes it (or resets it: closing with a
+    stranger's bytes unread does)."""
+    received = b""
+    try:
+        while chunk := channel.recv(4096):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def _gives_up(channel: socket.socket) -> None:
+    """A real peer's side of the opening, on an FFN side that never proves the secret back."""
+    with pytest.raises(AFDConnectionError):
+        respond(channel, SECRET)
+
+
+def _recorded_reply(hello: bytes) -> bytes:
+    """What a real Attention peer answers to ``hello``: its nonce and its proof of SECRET."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(hello)
+        peer = threading.Thread(target=_gives_up, args=(theirs,))
+        peer.start()
+        reply = b""
+        while len(reply) < NONCE_BYTES + PROOF_BYTES:
+            reply += ours.recv(4096)
+        ours.shutdown(socket.SHUT_RDWR)  # no proof back: the peer gives up
+        peer.join(10)
+    return reply
+
+
+def _attention(port: int, secret: bytes | None) -> GlooAttentionConnector:
+    return GlooAttentionConnector("127.0.0.1", groups(1, 1, port)[0], 0, EXTRA, secret=secret)
+
+
+def _real_peer_served(ffn: FFNInThread) -> bool:
+    """The real Attention peer connects (with SECRET), and one step of one layer crosses and
+    comes back as the FFN side answered it; both connectors are closed after."""
+    attention = _attention(ffn.port, SECRET)
+    connector = ffn.join()
+    try:
+        attention.set_layers([0])
+        hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+        def answer() -> None:
+            connector.wait_step(threading.Event())
+            connector.send(0, connector.recv(0).hidden_states * 2)
+
+        server = threading.Thread(target=answer)
+        server.start()
+        attention.send(0, hidden, None)
+        exact = torch.equal(attention.recv(0, hidden), hidden * 2)
+        server.join(30)
+        return exact
+    finally:
+        attention.close()
+        connector.close()
+
+
+def test_strangers_get_nothing_and_the_real_peer_is_served() -> None:
+    """Garbage for a proof, a real proof replayed from another connection, silence: each
+    stranger reads the hello and then the end of the connection (or its reset), nothing else; a peer with
+    another secret or none is told nothing more either (its own side fails). Each is logged with
+    its address, and then the real peer is admitted and served."""
+    port = free_port()
+    with AFDLines() as lines:
+        ffn = FFNInThread(port, SECRET)
+        strangers = {}
+        # a recorded exchange: what a real peer answered to another connection's hello
+        with ffn.step_channel() as recorded:
+            hello = _hello(recorded)
+        assert HELLO.unpack(hello)[:2] == (MAGIC, True)
+        for name, sends in {
+            "garbage": b"\xff" * 200,
+            "replayed": _recorded_reply(hello),
+            "silent": b"",
+        }.items():
+            channel = ffn.step_channel()
+            assert HELLO.unpack(_hello(channel))[:2] == (MAGIC, True)
+            channel.sendall(sends)
+            strangers[name] = channel
+        with ffn.step_channel() as other_secret:
+            with pytest.raises(AFDConnectionError, match="the two roles have different secrets"):
+                respond(other_secret, b"another-secret-of-32-bytes-00000")
+        with ffn.step_channel() as no_secret:
+            with pytest.raises(AFDConnectionError, match="requires the deployment's shared secret"):
+                respond(no_secret, None)
+        for name, channel in strangers.items():
+            with channel:
+                assert _rest(channel) == b"", name
+        assert _real_peer_served(ffn)
+    dropped = [line for line in lines if "dropped a connection from 127.0.0.1:" in line]
+    failed = [line for line in dropped if "failed authentication" in line]
+    assert len(failed) == 3, dropped  # garbage, replayed, other secret
+    assert sum("sent no whole handshake within 2 s" in line for line in dropped) == 1, dropped
+    assert "AFD gloo ffn: peers must prove the deployment's shared secret" in lines
+
+
+def test_a_wrong_secret_fails_fast_and_the_ffn_waits_on() -> None:
+    """An Attention engine with another secret fails within seconds, saying so; the FFN worker
+    drops it and admits the right one after."""
+    port = free_port()
+    ffn = FFNInThread(port, SECRET)
+    started = time.monotonic()
+    with pytest.raises(AFDConnectionError) as refused:
+        _attention(port, b"another-secret-of-32-bytes-00000")
+    assert time.monotonic() - started < FAST_S
+    assert str(refused.value) == (
+        f"AFD gloo attention: the FFN worker at 127.0.0.1:{port}: it closed the step channel at "
+        "this engine's proof of the shared secret: the two roles have different secrets "
+        "(AFD_AUTH_TOKEN or additional_config.afd.auth_token_file)"
+    )
+    assert _real_peer_served(ffn)
+
+
+@pytest.mark.parametrize(
+    ("ffn_secret", "attention_secret", "message"),
+    [
+        (SECRET, None, "it requires the deployment's shared secret, and this engine has none"),
+        (None, SECRET, "it does not authenticate its peers, but this engine has a shared secret"),
+    ],
+    ids=["ffn-only", "attention-only"],
+)
+def test_a_secret_on_one_role_only_is_refused(
+    ffn_secret: bytes | None, attention_secret: bytes | None, message: str
+) -> None:
+    port = free_port()
+    stop = threading.Event()
+    extra = dataclasses.replace(EXTRA, connect_timeout_s=30)
+    group = groups(1, 1, port)[0]
+    outcome: dict[str, Any] = {}
+
+    def host() -> None:
+        try:
+            GlooFFNConnector("127.0.0.1", group, extra, stop=stop, secret=ffn_secret)
+        except AFDConnectionError as exc:
+            outcome["ffn"] = str(exc)
+
+    thread = threading.Thread(target=host)
+    thread.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(AFDConnectionError, match=message):
+            _attention(port, attention_secret)
+        assert time.monotonic() - started < FAST_S
+    finally:
+        stop.set()
+        thread.join(30)
+    assert outcome["ffn"].startswith("AFD gloo ffn: stopped while waiting for attention ranks [0]")
+
+
+def _listening() -> set[tuple[str, int]]:
+    """The TCP sockets this process listens on: (address, port)."""
+    inodes = {
+        link[len("socket:[") : -1]
+        for name in os.listdir("/proc/self/fd")
+        if (link := _link(f"/proc/self/fd/{name}")).startswith("socket:[")
+    }
+    found = set()
+    for table, width in (("/proc/self/net/tcp", 4), ("/proc/self/net/tcp6", 16)):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                    continue
+                address, port = local.split(":")
+                raw = bytes.fromhex(address)
+                # the kernel writes each 32-bit word in host (little-endian) order
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add((str(ipaddress.ip_address(words[:width])), int(port, 16)))
+    return found
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except FileNotFoundError:  # the listing's own descriptor, closed meanwhile
+        return ""
+
+
+def test_the_ffn_listens_on_its_address_only_and_only_until_the_group_formed() -> None:
+    """While it waits for its peer the FFN connector listens on one socket, the group's
+    configured address and port (not every interface); once the group formed over shared memory,
+    nothing of the connector listens. The Attention side never listens."""
+    port, host = free_port(), "127.0.0.2"
+    group = groups(1, 1, port)[0]
+    before = _listening()
+    ffn: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: ffn.update(connector=GlooFFNConnector(host, group, EXTRA, secret=SECRET))
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (_listening() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _listening() - before == {(host, port)}
+    attention = GlooAttentionConnector(host, group, 0, EXTRA, secret=SECRET)
+    thread.join(30)
+    try:
+        assert attention.data_plane.startswith("shared memory")
+        assert _listening() - before == set()
+    finally:
+        attention.close()
+        ffn["connector"].close()
+
+
+def test_a_flood_of_silent_connections_holds_few_threads_and_delays_the_peer_only() -> None:
+    """More silent connections at once than the FFN worker opens: it runs at most MAX_OPENINGS
+    openings (a thread each) and closes the rest at once; the real peer, turned away while they
+    last, tries again and is admitted once they timed out (``timeout_s``)."""
+    port = free_port()
+    before = threading.active_count()
+    ffn = FFNInThread(port, SECRET)
+    flood = [ffn.step_channel() for _ in range(MAX_OPENINGS + 8)]
+    try:
+        most = 0
+        for _ in range(20):
+            most = max(most, threading.active_count() - before)
+            time.sleep(0.05)
+        assert MAX_OPENINGS <= most <= MAX_OPENINGS + 1  # the openings and the connecting thread
+        started = time.monotonic()
+        with AFDLines() as lines:
+            served = _real_peer_served(ffn)
+        assert time.monotonic() - started < EXTRA.timeout_s + FAST_S
+    finally:
+        for channel in flood:
+            channel.close()
+    assert served
+    turned_away = [line for line in lines if "handshakes in progress already" in line]
+    assert turned_away and any(line.endswith("; trying again") for line in lines), lines
