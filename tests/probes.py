@@ -7,13 +7,42 @@ benchmarks use too.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import socket
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from afd_models.cli.serve import Server, ServerError, collective_rpc, group_members
+
+
+def listening_sockets(pids: Iterable[int]) -> set[tuple[str, int]]:
+    """The TCP sockets processes ``pids`` listen on, as (address, port), from /proc (Linux)."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                link = os.readlink(fd)
+            except OSError:  # closed meanwhile, or the process ended
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    found = set()
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)
+            # the kernel writes each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add((str(ipaddress.ip_address(words[:width])), int(port, 16)))
+    return found
 
 
 def port_is_free(port: int) -> bool:

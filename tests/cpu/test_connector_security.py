@@ -10,7 +10,6 @@ same between processes: ``test_gloo_connector.py`` runs it so)."""
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import socket
 import threading
@@ -27,6 +26,7 @@ from afd_models.connectors.p2p.auth import HELLO, MAGIC, NONCE_BYTES, PROOF_BYTE
 from afd_models.connectors.p2p.ffn import MAX_OPENINGS
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import groups
+from tests import probes
 from tests.logs import AFDLines
 
 SECRET = b"s3cret-token-of-the-deployment-0123"
@@ -235,34 +235,7 @@ def test_a_secret_on_one_role_only_is_refused(
 
 
 def _listening() -> set[tuple[str, int]]:
-    """The TCP sockets this process listens on: (address, port)."""
-    inodes = {
-        link[len("socket:[") : -1]
-        for name in os.listdir("/proc/self/fd")
-        if (link := _link(f"/proc/self/fd/{name}")).startswith("socket:[")
-    }
-    found = set()
-    for table, width in (("/proc/self/net/tcp", 4), ("/proc/self/net/tcp6", 16)):
-        with open(table) as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                local, state, inode = fields[1], fields[3], fields[9]
-                if state != "0A" or inode not in inodes:  # 0A: LISTEN
-                    continue
-                address, port = local.split(":")
-                raw = bytes.fromhex(address)
-                # the kernel writes each 32-bit word in host (little-endian) order
-                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-                found.add((str(ipaddress.ip_address(words[:width])), int(port, 16)))
-    return found
-
-
-def _link(path: str) -> str:
-    try:
-        return os.readlink(path)
-    except FileNotFoundError:  # the listing's own descriptor, closed meanwhile
-        return ""
+    return probes.listening_sockets([os.getpid()])
 
 
 def test_the_ffn_listens_on_its_address_only_and_only_until_the_group_formed() -> None:

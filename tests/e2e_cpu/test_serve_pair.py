@@ -5,7 +5,9 @@ Both pairs run in vLLM's default compiled mode, against one baseline compiled th
 * **From the checkout** (the primary release), the gate on the FFN, the FFN started first:
   greedy completions of 4 concurrent requests equal the baseline's, token for token; both roles'
   ``/metrics`` show the AFD series of the exchanges; ``vllm bench serve`` completes its requests
-  (as the demo runs it); the FFN engine refuses requests; killing the
+  (as the demo runs it); the FFN engine refuses requests; once the group formed nothing listens
+  on its rendezvous port, and neither role listens on more reachable addresses than plain vLLM
+  (its own torch.distributed store); killing the
   FFN makes Attention requests fail with a clear error within the connector timeout; both roles
   stop and release their ports.
 * **From the installed wheel** (every release; tests/e2e_cpu/test_install.py checks the wheel
@@ -21,6 +23,7 @@ when concurrent requests land in different batches (measured, see docs/testing.m
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -120,6 +123,7 @@ def test_pair_matches_baseline_and_fails_cleanly(
             ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
         )
         assert status == 404  # the FFN engine registers no generation routes
+        _check_listening(ffn, attention, baseline, afd["port"])
 
         serve.kill_group(ffn)
         started = time.monotonic()
@@ -181,6 +185,24 @@ def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
     assert probes.port_is_free(afd["port"])
     assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
+
+
+def _exposed(server: serve.Server) -> list[tuple[str, int]]:
+    """The server's listening sockets on an address other machines can reach."""
+    sockets = probes.listening_sockets(serve.group_members(server))
+    return [s for s in sockets if not ipaddress.ip_address(s[0]).is_loopback]
+
+
+def _check_listening(
+    ffn: serve.Server, attention: serve.Server, baseline: serve.Server, rendezvous: int
+) -> None:
+    """Once the group formed, nothing listens on the rendezvous port, and each role's engine
+    listens on no more reachable addresses than the plain engine does (vLLM's own: the store of
+    its torch.distributed world, which torch binds to every interface)."""
+    for server in (ffn, attention):
+        sockets = probes.listening_sockets(serve.group_members(server))
+        assert rendezvous not in {port for _, port in sockets}, (server.name, sockets)
+        assert len(_exposed(server)) == len(_exposed(baseline)), (server.name, sockets)
 
 
 def _check_metrics(attention: serve.Server, ffn: serve.Server, tokens: int) -> None:
