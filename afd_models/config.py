@@ -178,9 +178,15 @@ def read_secret_file(key: str, value: object) -> bytes:
             f"{_where(key)}={value!r} cannot be read ({exc.strerror}); allowed: a file its owner "
             "(this engine's user) can read"
         ) from None
+    return _long_enough(f"{_where(key)}={value!r}", secret)
+
+
+def _long_enough(source: str, secret: bytes) -> bytes:
+    """``secret``, once it is at least MIN_SECRET_BYTES long (``source`` names where it came
+    from in the error)."""
     if len(secret) < MIN_SECRET_BYTES:
         raise AFDConfigError(
-            f"{_where(key)}={value!r} holds a secret of {len(secret)} bytes; allowed: at least "
+            f"{source} holds a secret of {len(secret)} bytes; allowed: at least "
             f"{MIN_SECRET_BYTES} (for example the output of: openssl rand -hex 32)"
         )
     return secret
@@ -218,12 +224,7 @@ def shared_secret(config: AFDConfig, environ: Mapping[str, str]) -> bytes | None
             )
         secret = read_secret_file("auth_token_file", config.auth_token_file)
     elif token is not None:
-        secret = token.strip().encode()
-        if len(secret) < MIN_SECRET_BYTES:
-            raise AFDConfigError(
-                f"{AUTH_TOKEN_ENV} holds a secret of {len(secret)} bytes; allowed: at least "
-                f"{MIN_SECRET_BYTES} (for example the output of: openssl rand -hex 32)"
-            )
+        secret = _long_enough(AUTH_TOKEN_ENV, token.strip().encode())
     if secret is not None:
         if config.allow_unauthenticated:
             raise AFDConfigError(

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import re
 import socket
+import time
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,6 +44,32 @@ def listening_sockets(pids: Iterable[int]) -> set[tuple[str, int]]:
             words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add((str(ipaddress.ip_address(words[:width])), int(port, 16)))
     return found
+
+
+def connect_when_listening(port: int, timeout_s: float = 30.0) -> socket.socket:
+    """A connection to ``127.0.0.1:port`` once something listens there (within ``timeout_s``),
+    with ``timeout_s`` for its reads."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            channel = socket.create_connection(("127.0.0.1", port), timeout_s)
+            channel.settimeout(timeout_s)
+            return channel
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, f"nothing listened on port {port}"
+            time.sleep(0.1)
+
+
+def received_until_closed(channel: socket.socket) -> bytes:
+    """What the other end sends on ``channel`` until it closes it (or resets it: closing with
+    bytes of ours unread does)."""
+    received = b""
+    try:
+        while chunk := channel.recv(4096):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
 
 
 def port_is_free(port: int) -> bool:

@@ -56,15 +56,7 @@ class FFNInThread:
 
     def step_channel(self) -> socket.socket:
         """A fresh connection to the FFN worker's listener, once it listens."""
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                channel = socket.create_connection(("127.0.0.1", self.port), 10)
-                channel.settimeout(10)
-                return channel
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, "the FFN connector never listened"
-                time.sleep(0.1)
+        return probes.connect_when_listening(self.port)
 
     def join(self) -> GlooFFNConnector:
         self.thread.join(60)
@@ -79,18 +71,6 @@ def _hello(channel: socket.socket) -> bytes:
     while len(hello) < HELLO.size and (chunk := channel.recv(HELLO.size - len(hello))):
         hello += chunk
     return hello
-
-
-def _rest(channel: socket.socket) -> bytes:
-    """What the FFN side sends on ``channel`` until it closes it (or resets it: closing with a
-    stranger's bytes unread does)."""
-    received = b""
-    try:
-        while chunk := channel.recv(4096):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
 
 
 def _gives_up(channel: socket.socket) -> None:
@@ -172,7 +152,7 @@ def test_strangers_get_nothing_and_the_real_peer_is_served() -> None:
                 respond(no_secret, None)
         for name, channel in strangers.items():
             with channel:
-                assert _rest(channel) == b"", name
+                assert probes.received_until_closed(channel) == b"", name
         assert _real_peer_served(ffn)
     dropped = [line for line in lines if "dropped a connection from 127.0.0.1:" in line]
     failed = [line for line in dropped if "failed authentication" in line]

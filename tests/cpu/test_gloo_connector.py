@@ -25,6 +25,7 @@ from afd_models.cli.serve import free_port
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import Group, groups
+from tests import probes
 from tests.logs import AFDLines
 from tests.probes import port_is_free
 
@@ -711,21 +712,9 @@ def _raw_peer(port: int, sends: bytes, answer: dict[str, object]) -> None:
     sends ``sends`` and records everything the FFN side sends until it closes the connection."""
     from afd_models.connectors.p2p.auth import HELLO
 
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            channel = socket.create_connection(("127.0.0.1", port), 30)
-            break
-        except ConnectionRefusedError:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-    with channel:
-        channel.settimeout(30)
+    with probes.connect_when_listening(port) as channel:
         channel.sendall(sends)
-        received = b""
-        while chunk := channel.recv(4096):
-            received += chunk
-        answer["bytes"] = received[HELLO.size :]
+        answer["bytes"] = probes.received_until_closed(channel)[HELLO.size :]
 
 
 def _rank_and(payload: bytes | None) -> bytes:

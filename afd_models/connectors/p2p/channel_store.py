@@ -11,6 +11,7 @@ already passed the handshake (and the shared secret's challenge), served by a
 
 from __future__ import annotations
 
+import enum
 import socket
 import struct
 import threading
@@ -29,18 +30,21 @@ FIELD = struct.Struct("!I")
 #: the most bytes of fields one message may carry (the largest value a plane stores is a few KiB)
 MAX_MESSAGE_BYTES = 16 << 20
 
-SET, GET, ADD, CHECK, WAIT, DELETE_KEY, COMPARE_SET, NUM_KEYS, DONE = range(1, 10)
-_NAMES = {
-    SET: "set",
-    GET: "get",
-    ADD: "add",
-    CHECK: "check",
-    WAIT: "wait",
-    DELETE_KEY: "delete_key",
-    COMPARE_SET: "compare_set",
-    NUM_KEYS: "num_keys",
-    DONE: "done",
-}
+
+class Op(enum.IntEnum):
+    """What a request asks of the store (``DONE``: the peer's data plane formed)."""
+
+    SET = 1
+    GET = 2
+    ADD = 3
+    CHECK = 4
+    WAIT = 5
+    DELETE_KEY = 6
+    COMPARE_SET = 7
+    NUM_KEYS = 8
+    DONE = 9
+
+
 #: an answer's kinds
 OK, FAILED = 0, 1
 
@@ -85,37 +89,37 @@ class ChannelStore(Store):
         super().__init__()
         self._channel = channel
 
-    def _ask(self, op: int, *fields: bytes) -> list[bytes]:
+    def _ask(self, op: Op, *fields: bytes) -> list[bytes]:
         self._channel.sendall(_encode(op, fields))
         kind, answer = _read(self._channel, "answer")
         if kind != OK:
             message = answer[0].decode(errors="replace") if answer else "no reason given"
-            raise RuntimeError(f"the FFN worker's store refused {_NAMES[op]}: {message}")
+            raise RuntimeError(f"the FFN worker's store refused {op.name.lower()}: {message}")
         return answer
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._ask(SET, key.encode(), _as_bytes(value))
+        self._ask(Op.SET, key.encode(), _as_bytes(value))
 
     def get(self, key: str) -> bytes:
-        return self._ask(GET, key.encode())[0]
+        return self._ask(Op.GET, key.encode())[0]
 
     def add(self, key: str, value: int) -> int:
-        return int(self._ask(ADD, key.encode(), str(value).encode())[0])
+        return int(self._ask(Op.ADD, key.encode(), str(value).encode())[0])
 
     def check(self, keys: list[str]) -> bool:
-        return self._ask(CHECK, *(key.encode() for key in keys))[0] == b"1"
+        return self._ask(Op.CHECK, *(key.encode() for key in keys))[0] == b"1"
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._ask(WAIT, *(key.encode() for key in keys))
+        self._ask(Op.WAIT, *(key.encode() for key in keys))
 
     def delete_key(self, key: str) -> bool:
-        return self._ask(DELETE_KEY, key.encode())[0] == b"1"
+        return self._ask(Op.DELETE_KEY, key.encode())[0] == b"1"
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
-        return self._ask(COMPARE_SET, key.encode(), _as_bytes(expected), _as_bytes(desired))[0]
+        return self._ask(Op.COMPARE_SET, key.encode(), _as_bytes(expected), _as_bytes(desired))[0]
 
     def num_keys(self) -> int:
-        return int(self._ask(NUM_KEYS)[0])
+        return int(self._ask(Op.NUM_KEYS)[0])
 
     def set_timeout(self, timeout: timedelta) -> None:
         """The FFN worker's store bounds every wait (the connect timeout's remainder)."""
@@ -123,28 +127,28 @@ class ChannelStore(Store):
     def done(self) -> None:
         """Tell the FFN worker that this peer's data plane formed: the channel carries steps
         from here on."""
-        self._channel.sendall(_encode(DONE, ()))
+        self._channel.sendall(_encode(Op.DONE, ()))
 
 
 def _serve(store: Store, op: int, fields: list[bytes]) -> list[bytes]:
     """What ``op`` on ``fields`` (keys first, then values) answers from ``store``."""
-    if op == SET and len(fields) == 2:
+    if op == Op.SET and len(fields) == 2:
         store.set(fields[0].decode(), fields[1])
         return []
-    if op == GET and len(fields) == 1:
+    if op == Op.GET and len(fields) == 1:
         return [store.get(fields[0].decode())]
-    if op == ADD and len(fields) == 2:
+    if op == Op.ADD and len(fields) == 2:
         return [str(store.add(fields[0].decode(), int(fields[1]))).encode()]
-    if op == CHECK:
+    if op == Op.CHECK:
         return [b"1" if store.check([field.decode() for field in fields]) else b"0"]
-    if op == WAIT:
+    if op == Op.WAIT:
         store.wait([field.decode() for field in fields])
         return []
-    if op == DELETE_KEY and len(fields) == 1:
+    if op == Op.DELETE_KEY and len(fields) == 1:
         return [b"1" if store.delete_key(fields[0].decode()) else b"0"]
-    if op == COMPARE_SET and len(fields) == 3:
+    if op == Op.COMPARE_SET and len(fields) == 3:
         return [store.compare_set(fields[0].decode(), fields[1], fields[2])]
-    if op == NUM_KEYS and not fields:
+    if op == Op.NUM_KEYS and not fields:
         return [str(store.num_keys()).encode()]
     raise AFDConnectionError(f"a store request of kind {op} with {len(fields)} field(s)")
 
@@ -167,7 +171,7 @@ class StoreServer:
         try:
             while True:
                 op, fields = _read(self._channel, f"request from {peer}")
-                if op == DONE:
+                if op == Op.DONE:
                     return
                 try:
                     answer = _encode(OK, _serve(self._store, op, fields))

@@ -438,6 +438,7 @@ class _Openings:
         self._threads: list[threading.Thread] = []
         #: readable once an arrival waits (a byte per arrival)
         self.ready, self._wake = socket.socketpair()
+        self.ready.setblocking(False)
 
     def start(self, channel: socket.socket, address: str) -> None:
         with self._lock:
@@ -504,7 +505,6 @@ class _Openings:
 
     def arrived(self) -> list[_Arrival]:
         """The connections that passed their opening since the last call."""
-        self.ready.setblocking(False)
         try:
             while self.ready.recv(4096):
                 pass
