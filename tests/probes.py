@@ -1,5 +1,6 @@
 """Probes of a served AFD group that only the tests read: whether a port is free again, Prometheus
-samples, the FFN workers' recent steps and the processes' memory.
+samples, the FFN workers' recent steps and the processes' memory; and a gloo connector group in
+this process, its FFN side hosting in a thread, whose real Attention peer is served or not.
 
 Starting, querying and stopping the servers is :mod:`afd_models.cli.serve`, which the demo and
 benchmarks use too.
@@ -11,13 +12,19 @@ import ipaddress
 import os
 import re
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from afd_models.cli.serve import Server, ServerError, collective_rpc, group_members
+from afd_models.topology import groups
+
+if TYPE_CHECKING:
+    from afd_models.connectors.gloo import GlooFFNConnector
+    from afd_models.connectors.specs import GlooExtraConfig
 
 
 def listening_sockets(pids: Iterable[int]) -> set[tuple[str, int]]:
@@ -70,6 +77,77 @@ def received_until_closed(channel: socket.socket) -> bytes:
     except ConnectionResetError:
         pass
     return received
+
+
+class FFNInThread:
+    """A gloo FFN connector of a 1A1F group at ``127.0.0.1:port``, connecting in a thread."""
+
+    def __init__(self, port: int, secret: bytes | None, extra: GlooExtraConfig):
+        # imported here: the e2e tiers read this module without importing vLLM in pytest's process
+        from afd_models.connectors.gloo import GlooFFNConnector
+
+        self.port = port
+        self.connector: GlooFFNConnector | None = None
+        self.error: BaseException | None = None
+        group = groups(1, 1, port)[0]
+
+        def connect() -> None:
+            try:
+                self.connector = GlooFFNConnector("127.0.0.1", group, extra, secret=secret)
+            except BaseException as exc:  # reported by the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=connect, daemon=True)
+        self.thread.start()
+
+    def step_channel(self) -> socket.socket:
+        """A fresh connection to the FFN worker's listener, once it listens."""
+        return connect_when_listening(self.port)
+
+    def join(self) -> GlooFFNConnector:
+        self.thread.join(60)
+        assert self.error is None, self.error
+        assert self.connector is not None
+        return self.connector
+
+
+def hello_of(channel: socket.socket) -> bytes:
+    """The FFN side's hello on a fresh ``channel`` (less if it closes the channel first)."""
+    from afd_models.connectors.p2p.auth import HELLO
+
+    hello = b""
+    while len(hello) < HELLO.size and (chunk := channel.recv(HELLO.size - len(hello))):
+        hello += chunk
+    return hello
+
+
+def real_peer_served(ffn: FFNInThread, secret: bytes | None, extra: GlooExtraConfig) -> bool:
+    """The real Attention peer connects (with ``secret``), and one step of one layer crosses and
+    comes back as the FFN side answered it; both connectors are closed after."""
+    import torch
+
+    from afd_models.connectors.gloo import GlooAttentionConnector
+
+    group = groups(1, 1, ffn.port)[0]
+    attention = GlooAttentionConnector("127.0.0.1", group, 0, extra, secret=secret)
+    connector = ffn.join()
+    try:
+        attention.set_layers([0])
+        hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+        def answer() -> None:
+            connector.wait_step(threading.Event())
+            connector.send(0, connector.recv(0).hidden_states * 2)
+
+        server = threading.Thread(target=answer)
+        server.start()
+        attention.send(0, hidden, None)
+        exact = torch.equal(attention.recv(0, hidden), hidden * 2)
+        server.join(30)
+        return exact
+    finally:
+        attention.close()
+        connector.close()
 
 
 def port_is_free(port: int) -> bool:

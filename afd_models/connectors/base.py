@@ -221,6 +221,8 @@ class Fingerprint:
             values = json.loads(data[cls.LENGTH.size :].decode())
         except (UnicodeDecodeError, ValueError) as exc:
             raise _malformed(f"not JSON ({exc})") from None
+        except RecursionError:  # nested deeper than the interpreter's recursion limit
+            raise _malformed("JSON nested too deeply") from None
         if not isinstance(values, dict) or values.get("format") != cls.FORMAT:
             found = values.get("format") if isinstance(values, dict) else None
             raise _malformed(f"format {found!r}, expected {cls.FORMAT!r}", values)

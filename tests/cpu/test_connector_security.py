@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import pytest
-import torch
 
 from afd_models.cli.serve import free_port
 from afd_models.connectors.base import AFDConnectionError
@@ -28,49 +27,13 @@ from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import groups
 from tests import probes
 from tests.logs import AFDLines
+from tests.probes import FFNInThread
 
 SECRET = b"s3cret-token-of-the-deployment-0123"
 #: a stranger's silence is dropped within timeout_s
 EXTRA = GlooExtraConfig(connect_timeout_s=60, timeout_s=2)
 #: seconds a refused Attention side may take to fail
 FAST_S = 10.0
-
-
-class FFNInThread:
-    """A gloo FFN connector of a 1A1F group at ``port``, connecting in a thread."""
-
-    def __init__(self, port: int, secret: bytes | None, extra: GlooExtraConfig = EXTRA):
-        self.port = port
-        self.connector: GlooFFNConnector | None = None
-        self.error: BaseException | None = None
-        group = groups(1, 1, port)[0]
-
-        def connect() -> None:
-            try:
-                self.connector = GlooFFNConnector("127.0.0.1", group, extra, secret=secret)
-            except BaseException as exc:  # reported by the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=connect, daemon=True)
-        self.thread.start()
-
-    def step_channel(self) -> socket.socket:
-        """A fresh connection to the FFN worker's listener, once it listens."""
-        return probes.connect_when_listening(self.port)
-
-    def join(self) -> GlooFFNConnector:
-        self.thread.join(60)
-        assert self.error is None, self.error
-        assert self.connector is not None
-        return self.connector
-
-
-def _hello(channel: socket.socket) -> bytes:
-    """The FFN side's hello on a fresh ``channel``."""
-    hello = b""
-    while len(hello) < HELLO.size and (chunk := channel.recv(HELLO.size - len(hello))):
-        hello += chunk
-    return hello
 
 
 def _gives_up(channel: socket.socket) -> None:
@@ -99,27 +62,11 @@ def _attention(port: int, secret: bytes | None) -> GlooAttentionConnector:
 
 
 def _real_peer_served(ffn: FFNInThread) -> bool:
-    """The real Attention peer connects (with SECRET), and one step of one layer crosses and
-    comes back as the FFN side answered it; both connectors are closed after."""
-    attention = _attention(ffn.port, SECRET)
-    connector = ffn.join()
-    try:
-        attention.set_layers([0])
-        hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    return probes.real_peer_served(ffn, SECRET, EXTRA)
 
-        def answer() -> None:
-            connector.wait_step(threading.Event())
-            connector.send(0, connector.recv(0).hidden_states * 2)
 
-        server = threading.Thread(target=answer)
-        server.start()
-        attention.send(0, hidden, None)
-        exact = torch.equal(attention.recv(0, hidden), hidden * 2)
-        server.join(30)
-        return exact
-    finally:
-        attention.close()
-        connector.close()
+def _ffn(port: int) -> FFNInThread:
+    return FFNInThread(port, SECRET, EXTRA)
 
 
 def test_strangers_get_nothing_and_the_real_peer_is_served() -> None:
@@ -129,11 +76,11 @@ def test_strangers_get_nothing_and_the_real_peer_is_served() -> None:
     its address, and then the real peer is admitted and served."""
     port = free_port()
     with AFDLines() as lines:
-        ffn = FFNInThread(port, SECRET)
+        ffn = _ffn(port)
         strangers = {}
         # a recorded exchange: what a real peer answered to another connection's hello
         with ffn.step_channel() as recorded:
-            hello = _hello(recorded)
+            hello = probes.hello_of(recorded)
         assert HELLO.unpack(hello)[:2] == (MAGIC, True)
         for name, sends in {
             "garbage": b"\xff" * 200,
@@ -141,7 +88,7 @@ def test_strangers_get_nothing_and_the_real_peer_is_served() -> None:
             "silent": b"",
         }.items():
             channel = ffn.step_channel()
-            assert HELLO.unpack(_hello(channel))[:2] == (MAGIC, True)
+            assert HELLO.unpack(probes.hello_of(channel))[:2] == (MAGIC, True)
             channel.sendall(sends)
             strangers[name] = channel
         with ffn.step_channel() as other_secret:
@@ -165,7 +112,7 @@ def test_a_wrong_secret_fails_fast_and_the_ffn_waits_on() -> None:
     """An Attention engine with another secret fails within seconds, saying so; the FFN worker
     drops it and admits the right one after."""
     port = free_port()
-    ffn = FFNInThread(port, SECRET)
+    ffn = _ffn(port)
     started = time.monotonic()
     with pytest.raises(AFDConnectionError) as refused:
         _attention(port, b"another-secret-of-32-bytes-00000")
@@ -250,7 +197,7 @@ def test_a_flood_of_silent_connections_holds_few_threads_and_delays_the_peer_onl
     last, tries again and is admitted once they timed out (``timeout_s``)."""
     port = free_port()
     before = threading.active_count()
-    ffn = FFNInThread(port, SECRET)
+    ffn = _ffn(port)
     flood = [ffn.step_channel() for _ in range(MAX_OPENINGS + 8)]
     try:
         most = 0

@@ -130,6 +130,15 @@ class ChannelStore(Store):
         self._channel.sendall(_encode(Op.DONE, ()))
 
 
+def _int64(field: bytes) -> int:
+    """``field`` as the store's counters take it, a decimal int64 (a ValueError otherwise: the
+    store itself would raise a TypeError, which no answer reports)."""
+    value = int(field)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"{value} is beyond the store's 64-bit counters")
+    return value
+
+
 def _serve(store: Store, op: int, fields: list[bytes]) -> list[bytes]:
     """What ``op`` on ``fields`` (keys first, then values) answers from ``store``."""
     if op == Op.SET and len(fields) == 2:
@@ -138,7 +147,7 @@ def _serve(store: Store, op: int, fields: list[bytes]) -> list[bytes]:
     if op == Op.GET and len(fields) == 1:
         return [store.get(fields[0].decode())]
     if op == Op.ADD and len(fields) == 2:
-        return [str(store.add(fields[0].decode(), int(fields[1]))).encode()]
+        return [str(store.add(fields[0].decode(), _int64(fields[1]))).encode()]
     if op == Op.CHECK:
         return [b"1" if store.check([field.decode() for field in fields]) else b"0"]
     if op == Op.WAIT:

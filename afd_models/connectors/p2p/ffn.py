@@ -209,18 +209,27 @@ class P2PFFNConnector(FFNConnector):
         ]
         try:
             self._group.form(store)
-        except BaseException:
+        except BaseException as exc:
+            # a peer whose request ended its store's service is why the wait for it failed: say
+            # so (read before the stop, which ends the others' service too)
+            failed = [server.error for server in servers if server.error is not None]
             for server in servers:
                 server.stop()
+            if failed and isinstance(exc, AFDConnectionError):
+                raise self._not_formed(failed) from exc
             raise
         for server in servers:
             server.join(self._group.remaining_s())
         failed = [server.error for server in servers if server.error is not None]
         if failed:
-            raise AFDConnectionError(
-                f"{self._prefix}: group {self.group.ffn_rank} at {self._group.where} did not "
-                f"form: {'; '.join(failed)}"
-            )
+            raise self._not_formed(failed)
+
+    def _not_formed(self, failed: list[str]) -> AFDConnectionError:
+        """The group did not form because of the store service's ``failed`` peers."""
+        return AFDConnectionError(
+            f"{self._prefix}: group {self.group.ffn_rank} at {self._group.where} did not form: "
+            f"{'; '.join(failed)}"
+        )
 
     def _missing(self, channels: dict[int, socket.socket]) -> list[int]:
         """The attention ranks of the peers not yet admitted."""
