@@ -516,15 +516,6 @@ def parse_afd_config(section: object, *, platform: str | None = None) -> AFDConf
             "when the peer goes away can wait for a restarted one; allowed: 0 with this "
             f"connector, or the connector {', '.join(sorted(s.name for s in SPECS if s.peer_restart))}"
         )
-    if config.peer_restart_timeout_s and config.num_attention_ranks != config.num_ffn_ranks:
-        raise AFDConfigError(
-            f"{_where('peer_restart_timeout_s')}={config.peer_restart_timeout_s:g} with "
-            f"{_where('num_attention_ranks')}={config.num_attention_ranks} and "
-            f"{_where('num_ffn_ranks')}={config.num_ffn_ranks} is not allowed: an FFN rank with "
-            "several Attention peers would hold every peer's steps while one restarts, which is "
-            "not built yet; allowed: num_attention_ranks == num_ffn_ranks (one peer per FFN "
-            "rank), or peer_restart_timeout_s=0"
-        )
     if config.is_attention and getattr(config.connector_extra_config, "force_load_balance", False):
         raise AFDConfigError(
             f"{_where('connector_extra_config.force_load_balance')}=true is not allowed with "

@@ -36,6 +36,7 @@ from afd_models.dbo import receives_before_send, split_step_units
 from afd_models.graphs import FFNGraphKey, FFNGraphs, GraphCounters, replays_graphs
 from afd_models.log import get_logger
 from afd_models.models.ffn import token_id_layers
+from afd_models.step_vote import StepVote, Verdict
 from afd_models.topology import Group, TopologyError, ffn_token_counts
 
 logger = get_logger(__name__)
@@ -240,6 +241,7 @@ class FFNServer:
         forward_context: ForwardContext = vllm_forward_context,
         reconnect: Callable[..., FFNConnector] | None = None,
         layer_model: FFNModel | None = None,
+        vote: StepVote | None = None,
     ):
         self.model = model
         #: what computes each layer: the model, or its layers compiled
@@ -262,9 +264,13 @@ class FFNServer:
         #: with ``stop``, an event that ends its wait early
         self.reconnect = reconnect if afd.peer_restart_timeout_s else None
         self.restart_timeout_s = afd.peer_restart_timeout_s
+        #: the TP partners' vote on each step (afd_models/step_vote.py): with it, a step whose
+        #: peer went away is computed to its end, and all partners host the group again together
+        self.vote = vote if self.reconnect is not None else None
         #: times the Attention peers left and new ones connected
         self.reconnects = 0
         self.group = connector.group  # its peers, in the order of their step headers
+        connector.holds_lost_steps = self.vote is not None
         self.on_failure = on_failure
         self.steps = 0
         #: the FFN graphs' counters (its own when the server runs eagerly), splits counted here
@@ -321,6 +327,7 @@ class FFNServer:
         self.connector.close()
         started = time.monotonic()
         connector = self.reconnect(stop=self._stop)
+        connector.holds_lost_steps = self.vote is not None
         self.connector = connector
         if self._stop.is_set():  # stopped during the handshake: the stopper closed the old one
             connector.close()
@@ -336,7 +343,7 @@ class FFNServer:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            headers = self.connector.wait_step(self._stop)
+            headers = self._next_step()
             if headers is None:
                 break
             tokens = check_headers(
@@ -373,6 +380,25 @@ class FFNServer:
                     }
                 )
             self.steps += 1
+
+    def _next_step(self) -> list[StepHeader] | None:
+        """The next step's headers (None once stopped). With TP partners, each lane's peer
+        starts it, so every partner votes before any computes: if one lane's peers went away
+        (now, or during the last step, which was held), an :class:`AFDPeerGoneError` on every
+        partner makes all of them host the group again."""
+        if self.vote is None:
+            return self.connector.wait_step(self._stop)
+        gone, headers = self.connector.lost_step, None
+        if gone is None:
+            try:
+                headers = self.connector.wait_step(self._stop)
+            except AFDPeerGoneError as exc:
+                gone = str(exc)
+            if headers is None and gone is None:
+                return None
+        if self.vote.tally(Verdict.AGAIN if gone else Verdict.RAN) is not Verdict.RAN:
+            raise AFDPeerGoneError(gone or "the Attention peers of a TP partner went away")
+        return headers
 
     def recent_steps(self) -> list[dict[str, Any]]:
         """The last :data:`RECENT_STEPS` steps, oldest first: ``step`` (its index), ``peers``

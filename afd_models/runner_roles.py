@@ -21,7 +21,6 @@ from afd_models.config import Role, require_afd_config
 from afd_models.connectors.base import (
     AFDConnectionError,
     AFDConnector,
-    AFDPeerGoneError,
     AFDPeerLostError,
     FFNConnector,
 )
@@ -41,6 +40,7 @@ from afd_models.log import exit_process, get_logger
 from afd_models.models.ffn import token_id_layers
 from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
+from afd_models.step_vote import StepVote, Verdict, engine_vote
 
 logger = get_logger(__name__)
 
@@ -121,6 +121,7 @@ def load_attention(
     # half was built before, so it counts here, or the KV cache would take its memory
     if hasattr(runner, "model_memory_usage"):
         runner.model_memory_usage += connector.in_process_weight_bytes()
+    runner.afd_restarts = step_restarts(runner.vllm_config)
     return connector, AttentionGraphSteps(connector)
 
 
@@ -181,6 +182,9 @@ def start_ffn_server(
         forward_context=forward_context,
         reconnect=_ffn_reconnect(runner),
         layer_model=runner.afd_ffn_layers,
+        vote=engine_vote(
+            require_afd_config(runner.vllm_config.additional_config).peer_restart_timeout_s
+        ),
     )
     server.start()
     return server
@@ -198,68 +202,107 @@ def _ffn_reconnect(runner: Any) -> Callable[..., FFNConnector] | None:
     )
 
 
+@dataclass(frozen=True)
+class StepRestarts:
+    """How an Attention runner holds its steps across FFN restarts (``peer_restart_timeout_s``):
+    the timeout, and its partners' vote (None for a worker with no TP or DP partner)."""
+
+    restart_s: float
+    vote: StepVote | None
+
+    def tally(self, verdict: Verdict) -> Verdict:
+        return verdict if self.vote is None else self.vote.tally(verdict)
+
+
+def step_restarts(vllm_config: Any) -> StepRestarts | None:
+    """The runner's :class:`StepRestarts`; None when ``peer_restart_timeout_s`` is 0."""
+    restart_s = require_afd_config(vllm_config.additional_config).peer_restart_timeout_s
+    return StepRestarts(restart_s, engine_vote(restart_s)) if restart_s else None
+
+
 def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
-    """The Attention model's forward (``forward``, upstream's ``_model_forward``), run again
-    after a restarted FFN engine connected when the FFN role went away during it.
+    """The Attention model's forward (``forward``, upstream's ``_model_forward``, or a DP rank's
+    dummy step), run again after a restarted FFN engine connected when the FFN role went away
+    during it.
 
     Running it again only rewrites the KV-cache slots the first run wrote, with the same values:
-    sampling comes after the forward, and the step's inputs are prepared before it. Only a peer
-    that went away (:class:`AFDPeerGoneError`) is waited for, and the retries of one step share
-    one ``peer_restart_timeout_s``. When it is 0 the error goes up as before. Past it, or when
-    connecting to the restarted FFN engine failed, :class:`AFDPeerLostError` goes up (the runner
-    fails the step, :func:`fail_lost_step`) and an :class:`FFNRejoin` connects the next FFN
-    engine; later steps wait for it, up to ``peer_restart_timeout_s`` each.
+    sampling comes after the forward, and the step's inputs are prepared before it. A forward
+    that lost its peer finishes on zeros (:meth:`AFDConnector.holding_lost_steps`); then the
+    worker and its partners (:mod:`afd_models.step_vote`) vote, and if any lost its peer, every
+    one of them reconnects and runs it again, together. The retries of one step share one
+    ``peer_restart_timeout_s``. When it is 0 an :class:`AFDPeerGoneError` goes up as before.
+    Past it, or when connecting to the restarted FFN engine failed for any partner,
+    :class:`AFDPeerLostError` goes up on every partner (the runner fails the step,
+    :func:`fail_lost_step`) and an :class:`FFNRejoin` connects the next FFN engine; the next
+    step waits for it, up to ``peer_restart_timeout_s``, and is failed alike unless every partner
+    connected.
     """
+    restarts: StepRestarts | None = getattr(runner, "afd_restarts", None)
+    if restarts is None:
+        return forward()
+    connector = runner.afd_connector
     deadline = None
     rejoin: FFNRejoin | None = getattr(runner, "afd_rejoin", None)
     if rejoin is not None:  # one budget for the whole step: the wait and any retry after it
-        restart_s = require_afd_config(runner.vllm_config.additional_config).peer_restart_timeout_s
-        deadline = time.monotonic() + restart_s
-        if not rejoin.wait(restart_s):
+        deadline = time.monotonic() + restarts.restart_s
+        connected = rejoin.wait(restarts.restart_s)
+        # every partner failed the last step, so every partner votes here
+        if restarts.tally(Verdict.RAN if connected else Verdict.GIVE_UP) is Verdict.GIVE_UP:
+            # the rejoin goes on (or is done, where a partner's is not)
             raise AFDPeerLostError(
-                f"no FFN engine connected within peer_restart_timeout_s={restart_s:g} s since "
-                "a step was lost"
+                f"no FFN engine connected to every partner within peer_restart_timeout_s="
+                f"{restarts.restart_s:g} s since a step was lost"
             )
         runner.afd_rejoin = None
     while True:
-        try:
-            return forward()
-        except AFDPeerGoneError as exc:
-            now = time.monotonic()
-            if deadline is None:  # the config is read off the hot path, on the first failure
-                restart_s = require_afd_config(
-                    runner.vllm_config.additional_config
-                ).peer_restart_timeout_s
-                if not restart_s:
-                    raise
-                deadline = now + restart_s
-            gone = str(exc)
-        # outside the except: the error's frames hold the old data plane until they go
+        with connector.holding_lost_steps():
+            output = forward()
+        gone = connector.lost_step
+        if restarts.tally(Verdict.AGAIN if gone else Verdict.RAN) is Verdict.RAN:
+            return output
+        # a partner's loss is this worker's too: all of them talk to the same FFN engine
+        gone = gone or "a partner's FFN peer went away"
+        now = time.monotonic()
+        deadline = now + restarts.restart_s if deadline is None else deadline
+        failed = None
         if now >= deadline:
-            raise _lost(runner, restart_s, f"the FFN role went away again: {gone}")
-        logger.warning(
-            "AFD Attention: the FFN role went away during a step (%s); holding the step "
-            "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
-            gone,
-            deadline - now,
-        )
-        try:
-            runner.afd_connector.reconnect(deadline - now)
-            failed = None
-        except AFDConnectionError as exc:
-            failed = str(exc)
-        if failed is not None:
-            raise _lost(runner, restart_s, f"connecting to a restarted FFN engine failed: {failed}")
+            failed = f"the FFN role went away again: {gone}"
+        else:
+            logger.warning(
+                "AFD Attention: the FFN role went away during a step (%s); holding the step "
+                "and waiting up to %.0f s (peer_restart_timeout_s) for a restarted FFN engine",
+                gone,
+                deadline - now,
+            )
+            try:
+                connector.reconnect(deadline - now)
+            except AFDConnectionError as exc:
+                failed = f"connecting to a restarted FFN engine failed: {exc}"
+        if restarts.tally(Verdict.GIVE_UP if failed else Verdict.RAN) is Verdict.GIVE_UP:
+            why = failed or "a partner could not connect to a restarted FFN engine"
+            raise _lost(runner, restarts, why, connected=failed is None)
         logger.info(
             "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
             time.monotonic() - now,
         )
 
 
-def _lost(runner: Any, restart_s: float, why: str) -> AFDPeerLostError:
+def dummy_step_across_restarts(runner: Any, dummy_step: Callable[[], None]) -> None:
+    """An idle DP rank's dummy step (upstream's ``execute_dummy_batch``): it reaches the FFN rank
+    like the busy ranks' steps, so it is held and voted on with theirs. One given up on has no
+    request to fail: it is logged."""
+    try:
+        forward_across_restarts(runner, dummy_step)
+    except AFDPeerLostError as lost:
+        logger.error("AFD Attention: an idle rank's dummy step was given up on: %s", lost)
+
+
+def _lost(runner: Any, restarts: StepRestarts, why: str, *, connected: bool) -> AFDPeerLostError:
     """A step given up on within ``peer_restart_timeout_s``; the next FFN engine is connected
-    from the background from now on."""
-    runner.afd_rejoin = FFNRejoin(runner.afd_connector, restart_s)
+    from the background from now on (unless this worker is ``connected`` already: a partner
+    was not)."""
+    restart_s = restarts.restart_s
+    runner.afd_rejoin = FFNRejoin(runner.afd_connector, restart_s, connected=connected)
     return AFDPeerLostError(
         f"the FFN role went away during the step, and it did not run within "
         f"peer_restart_timeout_s={restart_s:g} s: {why}"
@@ -271,7 +314,7 @@ class FFNRejoin:
     group, from a background thread: without requests no step would, and a starting FFN engine
     waits only its ``connect_timeout_s`` for its peers."""
 
-    def __init__(self, connector: Any, restart_s: float):
+    def __init__(self, connector: Any, restart_s: float, *, connected: bool = False):
         self._connector = connector
         self._restart_s = restart_s
         self._stop = threading.Event()
@@ -280,7 +323,11 @@ class FFNRejoin:
         self._ownership = threading.Lock()
         self._finished = self._abandoned = False
         self._thread = threading.Thread(target=self._run, name="AFD-rejoin", daemon=True)
-        self._thread.start()
+        if connected:  # a partner's step was lost, this worker connected: nothing to look for
+            self._connected.set()
+            self._finished = True
+        else:
+            self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -317,7 +364,8 @@ class FFNRejoin:
         """Stop looking for an FFN engine. False when a connect is still in progress: the
         thread then closes the connector itself once it returns, connected or not."""
         self._stop.set()
-        self._thread.join(2 * PROBE_EVERY_S)
+        if self._thread.is_alive():
+            self._thread.join(2 * PROBE_EVERY_S)
         with self._ownership:
             self._abandoned = not self._finished
             return self._finished

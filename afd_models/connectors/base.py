@@ -391,6 +391,9 @@ class AFDConnector(ABC):
         #: the header of each captured step, by token count and whether it is split (vLLM may
         #: hold a split and an unsplit graph of one size), announced at its replays
         self._captured: dict[tuple[int, bool], StepHeader] = {}
+        #: why the forward in :meth:`holding_lost_steps` lost its peer (None: it did not)
+        self.lost_step: str | None = None
+        self._holding = False
 
     def _reset_steps(self) -> None:
         """No step in progress, none planned, and the next one announced as step 0 (a new
@@ -491,13 +494,15 @@ class AFDConnector(ABC):
                 self._captured[(header.num_tokens, self.is_split)] = captured
                 self._capture_header(header)
             else:
-                self._open_step(header)
+                self._unless_lost(self._open_step, header)
         self._next[ubatch] += 1
         if not self.is_capturing:
             self.stats.started((ubatch, layer_idx), hidden_states.nbytes)
             if self.metrics is not None:
                 self.metrics.sent(tensor_bytes(hidden_states, router_logits, token_ids))
-        self._send_layer(layer_idx, hidden_states, router_logits, ubatch, token_ids)
+        self._unless_lost(
+            self._send_layer, layer_idx, hidden_states, router_logits, ubatch, token_ids
+        )
 
     def _checked_token_ids(
         self, layer_idx: int, rows: int, token_ids: torch.Tensor | None
@@ -523,14 +528,47 @@ class AFDConnector(ABC):
 
     def recv(self, layer_idx: int, like: torch.Tensor, ubatch: int = 0) -> torch.Tensor:
         """The FFN output of ``layer_idx`` for micro-batch ``ubatch``, shaped and typed like
-        ``like``."""
-        output = self._recv_layer(layer_idx, like, ubatch)
+        ``like`` (zeros once the step lost its peer in :meth:`holding_lost_steps`)."""
+        if self.lost_step is not None:
+            return torch.zeros_like(like)
+        try:
+            output = self._recv_layer(layer_idx, like, ubatch)
+        except AFDPeerGoneError as exc:
+            if not self._holding:
+                raise
+            self.lost_step = str(exc)
+            return torch.zeros_like(like)
         if not self.is_capturing:
             seconds = self.stats.finished((ubatch, layer_idx))
             if self.metrics is not None and seconds is not None:
                 self.metrics.exchanged(layer_idx, seconds)
                 self.metrics.received(tensor_bytes(output))
         return output
+
+    @contextlib.contextmanager
+    def holding_lost_steps(self) -> Iterator[None]:
+        """Around a forward whose loss its partners decide on with it
+        (:mod:`afd_models.step_vote`): an exchange whose peer went away does not raise
+        :class:`AFDPeerGoneError`; it and every later exchange of the forward give zeros without
+        touching the wire, so the forward reaches its end, and every collective its partners
+        expect, and :attr:`lost_step` says what was lost."""
+        self.lost_step = None
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+
+    def _unless_lost(self, transfer: Callable[..., None], *args: Any) -> None:
+        """``transfer(*args)``, unless the step lost its peer; a loss while holding is kept."""
+        if self.lost_step is not None:
+            return
+        try:
+            transfer(*args)
+        except AFDPeerGoneError as exc:
+            if not self._holding:
+                raise
+            self.lost_step = str(exc)
 
     def _open_step(self, header: StepHeader) -> None:
         self._step += 1
@@ -566,7 +604,7 @@ class AFDConnector(ABC):
                 f"a CUDA graph replay of {num_tokens} tokens{' split' if split else ''}, but this "
                 f"connector captured graphs for {', '.join(captured) or 'no size'}"
             )
-        self._open_step(header)
+        self._unless_lost(self._open_step, header)
 
     def _capture_header(self, header: StepHeader) -> None:
         """What a capture does with the step header it does not announce: nothing by default."""
@@ -604,6 +642,11 @@ class FFNConnector(ABC):
     group: Group
     #: the Prometheus series of each peer, in peer order (none by default)
     metrics: Sequence[PeerMetrics] = ()
+    #: whether a step whose peer went away is computed to its end on zeros instead of raising
+    #: :class:`AFDPeerGoneError` (a connector that can wait for a restarted peer sets it for an
+    #: FFN server with TP partners), and what the step in progress lost (None: nothing)
+    holds_lost_steps: bool = False
+    lost_step: str | None = None
 
     @abstractmethod
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 from prometheus_client import REGISTRY
 from vllm.config import SchedulerConfig, VllmConfig
 from vllm.v1.outputs import ModelRunnerOutput
@@ -31,9 +32,15 @@ from afd_models.connectors.base import AFDConnectionError, AFDPeerGoneError, AFD
 from afd_models.connectors.gloo import GlooAttentionConnector, GlooFFNConnector
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.ffn_server import FFNServer
-from afd_models.runner_roles import FFNRejoin, fail_lost_step, forward_across_restarts
+from afd_models.runner_roles import (
+    FFNRejoin,
+    StepRestarts,
+    fail_lost_step,
+    forward_across_restarts,
+)
 from afd_models.scheduler import SCHEDULER_CLS
 from afd_models.step_failures import failed_requests, failed_step_output
+from afd_models.step_vote import StepVote
 from afd_models.topology import Group, groups
 from tests.logs import AFDLines
 from tests.probes import port_is_free
@@ -79,11 +86,16 @@ def _sample(name: str, role: str, peer: str) -> float:
 
 
 def _ffn_server(
-    group: Group, restart_s: float, failures: list[BaseException] | None = None
+    group: Group,
+    restart_s: float,
+    failures: list[BaseException] | None = None,
+    *,
+    model: DoublingModel | None = None,
+    vote: StepVote | None = None,
 ) -> FFNServer:
     """An FFN worker's server, connected (this waits for the Attention side) and serving."""
     server = FFNServer(
-        DoublingModel(),
+        model or DoublingModel(),
         _config("ffn", restart_s),
         GlooFFNConnector("127.0.0.1", group, EXTRA),
         hidden_size=HIDDEN,
@@ -97,15 +109,33 @@ def _ffn_server(
             GlooExtraConfig(connect_timeout_s=restart_s, timeout_s=EXTRA.timeout_s),
             stop=stop,
         ),
+        vote=vote,
     )
     server.start()
     return server
 
 
-def _ffn_engine(group: Group, steps: multiprocessing.Queue) -> None:
-    """An FFN engine in a process of its own: it serves until killed, reporting the step numbers
-    it served each time it served one more."""
-    server, reported = _ffn_server(group, 0), 0
+class DyingModel(DoublingModel):
+    """An FFN worker that crashes (its process ends at once) when asked for its layer number
+    ``dies_at`` (counting from 1 over all steps)."""
+
+    def __init__(self, dies_at: int):
+        self.dies_at, self.layers = dies_at, 0
+
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self.layers += 1
+        if self.layers == self.dies_at:
+            os._exit(1)
+        return super().compute_ffn_output(layer_idx, hidden_states, router_logits)
+
+
+def _ffn_engine(group: Group, steps: multiprocessing.Queue, dies_at: int | None = None) -> None:
+    """An FFN engine in a process of its own: it serves until killed (or ``dies_at``, see
+    :class:`DyingModel`), reporting the step numbers it served each time it served one more."""
+    model = DoublingModel() if dies_at is None else DyingModel(dies_at)
+    server, reported = _ffn_server(group, 0, model=model), 0
     while True:
         time.sleep(0.05)
         if server.steps > reported:
@@ -148,7 +178,7 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
     first.start()
     connector = GlooAttentionConnector("127.0.0.1", group, 0, EXTRA)
     connector.set_layers(LAYERS)
-    runner = SimpleNamespace(vllm_config=_config("attention", 60), afd_connector=connector)
+    runner = SimpleNamespace(afd_connector=connector, afd_restarts=StepRestarts(60, None))
     hidden = torch.arange(3 * HIDDEN, dtype=torch.float32).reshape(3, HIDDEN)
     reconnects = _sample("afd_reconnects_total", "attention", "ffn0")
     second, third = (SPAWN.Process(target=_ffn_engine, args=(group, steps[i])) for i in (1, 2))
@@ -172,13 +202,13 @@ def test_the_attention_side_runs_a_step_again_on_a_restarted_ffn(group: Group) -
         second.kill()
         second.join(10)
         # with no restart timeout the step fails at once, as it did before restarts existed
-        runner.vllm_config = _config("attention", 0)
+        runner.afd_restarts = None
         started = time.monotonic()
         with pytest.raises(AFDPeerGoneError):
             forward_across_restarts(runner, lambda: _forward(connector, hidden))
         assert time.monotonic() - started < 3
         # with one, the step is lost once it passed, and so is the next while no FFN is back
-        runner.vllm_config = _config("attention", 2)
+        runner.afd_restarts = StepRestarts(2, None)
         for lost in ("connecting to a restarted FFN engine failed", "no FFN engine connected"):
             started = time.monotonic()
             with pytest.raises(AFDPeerLostError, match=lost):
@@ -244,8 +274,8 @@ def test_the_ffn_server_waits_for_a_restarted_attention_engine(group: Group) -> 
     [
         ("attention", 1, 1, "uni", "300", False, None),
         ("attention", 1, 1, "mp", "300", False, None),  # 120 + 3 * 10 s < 300 s
-        ("attention", 2, 1, "mp", "300", False, "with --tensor-parallel-size=2 is not allowed"),
-        ("ffn", 1, 2, "mp", "300", False, "with --data-parallel-size=2 is not allowed"),
+        ("attention", 2, 1, "mp", "300", False, None),  # TP partners vote on a lost step
+        ("ffn", 2, 1, "mp", "300", False, None),
         ("attention", 1, 1, "uni", "300", True, "with --kv-transfer-config is not allowed"),
         (
             "attention",
@@ -273,9 +303,9 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
     message: str | None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """TP or DP partners would re-enter their collectives at other layers, a KV connector would
-    save the step's layers twice, and the multiprocess executor gives up on a step after
-    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
+    """A KV connector would save the step's layers twice, and the multiprocess executor gives up
+    on a step after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; TP and DP partners are allowed (they vote
+    on a lost step, see the partner tests below)."""
     from afd_models.worker_config import check_restart
 
     monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", env_timeout)
@@ -298,6 +328,51 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
     with pytest.raises(AFDConfigError, match=re.escape(message)) as raised:
         check_restart(engine, afd)
     assert str(raised.value).startswith("additional_config.afd.peer_restart_timeout_s=120 ")
+
+
+@pytest.mark.parametrize(
+    ("num_attention_ranks", "num_ffn_ranks", "rank_offset", "dp", "served"),
+    [
+        (2, 1, 0, 2, None),
+        (4, 2, 2, 2, None),
+        (2, 2, 0, 2, "[0, 1]"),
+        (3, 2, 0, 3, "[0, 1]"),
+    ],
+)
+def test_an_attention_engine_holds_steps_only_if_its_dp_ranks_share_an_ffn_rank(
+    num_attention_ranks: int, num_ffn_ranks: int, rank_offset: int, dp: int, served: str | None
+) -> None:
+    """An engine's ranks decide a lost step together, so its DP ranks must all talk to one FFN
+    rank: 2A1F, or 4A2F as two engines of DP 2, hold steps; an engine of 2A2F or 3A2F is refused
+    by name."""
+    from afd_models.worker_config import check_restart
+
+    engine = SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=1, data_parallel_size=dp, distributed_executor_backend="uni"
+        ),
+        kv_transfer_config=None,
+        scheduler_config=SchedulerConfig.default_factory(scheduler_cls=SCHEDULER_CLS),
+    )
+    afd = parse_afd_config(
+        {
+            "role": "attention",
+            "num_attention_ranks": num_attention_ranks,
+            "num_ffn_ranks": num_ffn_ranks,
+            "rank_offset": rank_offset,
+            "peer_restart_timeout_s": 120,
+        }
+    )
+    if served is None:
+        check_restart(engine, afd)
+        return
+    with pytest.raises(AFDConfigError) as raised:
+        check_restart(engine, afd)
+    assert str(raised.value).startswith(
+        f"additional_config.afd.peer_restart_timeout_s=120 with --data-parallel-size={dp} is not "
+        f"allowed here: this engine's DP ranks send their steps to FFN ranks {served}, "
+    ), raised.value
+    assert "allowed: an Attention engine whose DP ranks share one FFN rank" in str(raised.value)
 
 
 @pytest.mark.parametrize(
@@ -406,19 +481,21 @@ def test_a_step_after_a_lost_one_has_one_budget() -> None:
             self.timeouts.append(connect_timeout_s)
             time.sleep(min(connect_timeout_s, 1.0))
 
+        # every forward loses its peer again
+        lost_step = "the FFN engine went away again"
+
+        def holding_lost_steps(self) -> contextlib.AbstractContextManager[None]:
+            return contextlib.nullcontext()
+
     connector = Returning()
     runner = SimpleNamespace(
-        vllm_config=_config("attention", 3),
+        afd_restarts=StepRestarts(3, None),
         afd_connector=connector,
         afd_rejoin=FFNRejoin(connector, 3),
     )
-
-    def forward() -> None:
-        raise AFDPeerGoneError("the FFN engine went away again")
-
     started = time.monotonic()
     with pytest.raises(AFDPeerLostError, match="went away again"):
-        forward_across_restarts(runner, forward)
+        forward_across_restarts(runner, lambda: None)
     assert time.monotonic() - started < 3 + 1
     assert connector.timeouts[0] == 3 and all(t < 2 for t in connector.timeouts[1:])
     assert len(connector.timeouts) >= 2
@@ -506,7 +583,10 @@ def test_only_a_peer_that_went_away_is_waited_for() -> None:
         def reconnect(self, connect_timeout_s: float) -> None:
             raise AssertionError("reconnected after an error of a live peer")
 
-    runner = SimpleNamespace(vllm_config=_config("attention", 60), afd_connector=Unreachable())
+        def holding_lost_steps(self) -> contextlib.AbstractContextManager[None]:
+            return contextlib.nullcontext()
+
+    runner = SimpleNamespace(afd_restarts=StepRestarts(60, None), afd_connector=Unreachable())
 
     def forward() -> None:
         raise AFDConnectionError("layer 3 of micro-batch 0 sent out of order")
@@ -515,3 +595,197 @@ def test_only_a_peer_that_went_away_is_waited_for() -> None:
     with pytest.raises(AFDConnectionError, match="out of order"):
         forward_across_restarts(runner, forward)
     assert time.monotonic() - started < 1
+
+
+# --- partners: workers that run every step together (TP lanes, or the DP ranks of one engine) ---
+
+
+def _lanes(tp_size: int = 2) -> list[Group]:
+    """The connector groups of a 1A1F deployment's TP lanes, one port each."""
+    base = free_port()
+    return [groups(1, 1, base, tp_size=tp_size, lane=lane)[0] for lane in range(tp_size)]
+
+
+def _partners_vote(port: int, rank: int, size: int = 2) -> StepVote:
+    """This process as partner ``rank`` of ``size`` (a gloo group, as vLLM's world group of an
+    engine), and their vote."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    return StepVote(dist.group.WORLD)
+
+
+def _mean_over_partners(tensor: torch.Tensor) -> torch.Tensor:
+    """What TP partners do at every layer: a collective over all of them (equal inputs give the
+    input back; partners at different layers would pair the wrong collectives)."""
+    dist.all_reduce(tensor)
+    return tensor / dist.get_world_size()
+
+
+def _attention_partner(
+    lane_group: Group, vote_port: int, results: multiprocessing.Queue, steps: int
+) -> None:
+    """An Attention worker of a TP pair in a process of its own: ``steps`` forwards through
+    forward_across_restarts, each layer's FFN output followed by a collective with its partner;
+    each result (whether it is the expected one) and at the end its log lines are reported."""
+    vote = _partners_vote(vote_port, lane_group.lane)
+    connector = GlooAttentionConnector("127.0.0.1", lane_group, 0, EXTRA)
+    connector.set_layers(LAYERS)
+    runner = SimpleNamespace(afd_connector=connector, afd_restarts=StepRestarts(60, vote))
+    hidden = torch.ones(2, HIDDEN)
+
+    def forward() -> torch.Tensor:
+        out = hidden
+        for layer in LAYERS:
+            connector.send(layer, out, None)
+            out = _mean_over_partners(connector.recv(layer, out))
+        return out
+
+    with AFDLines() as lines:
+        for _ in range(steps):
+            out = forward_across_restarts(runner, forward)
+            results.put((lane_group.lane, torch.equal(out, _expected(hidden))))
+    results.put((lane_group.lane, list(lines)))
+    connector.close()
+
+
+def test_tp_partners_run_a_step_lost_on_one_lane_again_together() -> None:
+    """One FFN lane's worker crashes in the middle of a step: its Attention partner loses the
+    second layer's answer while the other lane got it and finished the forward. The lost lane
+    finishes on zeros (every per-layer collective still pairs), both vote, both reconnect to the
+    restarted FFN engine and run the step again together, bit for bit."""
+    lanes, vote_port = _lanes(), free_port()
+    served = [SPAWN.Queue() for _ in range(4)]  # the first engine's lanes, then the second's
+    # lane 1 dies at the second step's second layer (layers counted from 1: 1, 2, 3, [4])
+    first = [
+        SPAWN.Process(target=_ffn_engine, args=(lanes[lane], served[lane], dies_at))
+        for lane, dies_at in ((0, None), (1, 4))
+    ]
+    second = [
+        SPAWN.Process(target=_ffn_engine, args=(lanes[lane], served[2 + lane])) for lane in (0, 1)
+    ]
+    results = SPAWN.Queue()
+    partners = [
+        SPAWN.Process(target=_attention_partner, args=(lanes[lane], vote_port, results, 3))
+        for lane in (0, 1)
+    ]
+    processes = [*first, *partners, *second]
+    try:
+        for process in (*first, *partners):
+            process.start()
+        first[1].join(120)  # crashed mid-step; vLLM ends the engine's other worker with it
+        assert first[1].exitcode == 1
+        first[0].kill()
+        first[0].join(10)
+        for process in second:
+            process.start()
+        reported: dict[int, list[object]] = {0: [], 1: []}
+        for _ in range(2 * 4):
+            lane, value = results.get(timeout=120)
+            reported[lane].append(value)
+        for lane in (0, 1):
+            *equal, lines = reported[lane]
+            assert equal == [True, True, True], (lane, equal)
+            assert isinstance(lines, list)
+            assert sum("running the step again" in line for line in lines) == 1, (lane, lines)
+        # lane 1 lost its answer; lane 0 ran the step again for its partner's loss
+        assert "a partner's FFN peer went away" in " ".join(reported[0][-1])  # type: ignore[arg-type]
+        assert "a partner's FFN peer went away" not in " ".join(reported[1][-1])  # type: ignore[arg-type]
+        # the restarted engine's lanes both served two steps: the step run again, then one more
+        for queue in served[2:]:
+            steps: list[int] = []
+            while len(steps) < 2:
+                steps = queue.get(timeout=30)
+            assert steps == [0, 1]
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+
+
+class ReducingModel(DoublingModel):
+    """An FFN worker of a TP pair: every layer's output goes through a collective with its
+    partner, as vLLM's MoE all-reduce does."""
+
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return _mean_over_partners(super().compute_ffn_output(layer_idx, hidden_states))
+
+
+def _ffn_partner(lane_group: Group, vote_port: int, reports: multiprocessing.Queue) -> None:
+    """An FFN worker of a TP pair in a process of its own, waiting for restarted Attention peers;
+    it reports its steps, reconnects and failures whenever they change."""
+    vote = _partners_vote(vote_port, lane_group.lane)
+    failures: list[BaseException] = []
+    server = _ffn_server(lane_group, 60, failures, model=ReducingModel(), vote=vote)
+    last = None
+    while True:
+        now = (lane_group.lane, server.steps, server.reconnects, [str(f) for f in failures])
+        if now != last:
+            reports.put(now)
+            last = now
+        time.sleep(0.05)
+
+
+def _attention_lane(
+    lane_group: Group, results: multiprocessing.Queue, last_step: tuple[str, ...] | None
+) -> None:
+    """One lane of an Attention engine with no partner logic: a step, its result reported; then,
+    given ``last_step`` (the exchanges it gets through of the next step, "send" and "recv" in
+    layer order), it dies there without closing anything, as a killed engine's worker does."""
+    connector = GlooAttentionConnector("127.0.0.1", lane_group, 0, EXTRA)
+    connector.set_layers(LAYERS)
+    hidden = torch.ones(2, HIDDEN)
+    results.put(torch.equal(_forward(connector, hidden), _expected(hidden)))
+    if last_step is None:
+        connector.close()
+        return
+    out = hidden
+    for layer, op in zip([layer for layer in LAYERS for _ in (0, 1)], last_step, strict=False):
+        if op == "send":
+            connector.send(layer, out, None)
+        else:
+            out = connector.recv(layer, out)
+    time.sleep(0.5)  # what was sent leaves before the process ends
+    os._exit(0)
+
+
+def test_ffn_tp_partners_host_again_together_after_one_lane_lost_its_peer() -> None:
+    """The Attention engine dies while its lanes are a layer apart: lane 0 sent its second
+    layer, lane 1 did not. The FFN worker of lane 0 computes it, and its collective waits for
+    its partner; lane 1's worker, whose peer is gone, computes the layer on zeros so that the
+    collective pairs, then both vote and host the group again together, and serve a restarted
+    Attention engine."""
+    lanes, vote_port = _lanes(), free_port()
+    reports, results = SPAWN.Queue(), SPAWN.Queue()
+    ffn = [SPAWN.Process(target=_ffn_partner, args=(lane, vote_port, reports)) for lane in lanes]
+    dying = [
+        SPAWN.Process(target=_attention_lane, args=(lanes[0], results, ("send", "recv", "send"))),
+        SPAWN.Process(target=_attention_lane, args=(lanes[1], results, ("send", "recv"))),
+    ]
+    restarted = [
+        SPAWN.Process(target=_attention_lane, args=(lane, results, None)) for lane in lanes
+    ]
+    processes = [*ffn, *dying, *restarted]
+    try:
+        for process in (*ffn, *dying):
+            process.start()
+        assert [results.get(timeout=120) for _ in dying] == [True, True]
+        for process in dying:
+            process.join(30)
+        for process in restarted:
+            process.start()
+        assert [results.get(timeout=120) for _ in restarted] == [True, True]
+        latest: dict[int, tuple[int, int, list[str]]] = {}
+        deadline = time.monotonic() + 30
+        # each lane served the first engine's step, the held one, and the restarted engine's
+        while any(latest.get(lane, (0, 0, []))[:2] != (3, 1) for lane in (0, 1)):
+            assert time.monotonic() < deadline, latest
+            lane, steps, reconnects, failures = reports.get(timeout=30)
+            latest[lane] = (steps, reconnects, failures)
+        assert all(failures == [] for _, _, failures in latest.values()), latest
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()

@@ -597,11 +597,13 @@ def test_peer_restart_timeout_is_off_by_default_and_gloo_only() -> None:
         "away can wait for a restarted one; allowed: 0 with this connector, or the connector "
         "GlooAFDConnector"
     )
-    with pytest.raises(AFDConfigError) as raised:
-        parse_afd_config({"role": "ffn", "num_attention_ranks": 2, "peer_restart_timeout_s": 60})
-    assert str(raised.value).startswith(
-        "additional_config.afd.peer_restart_timeout_s=60 with additional_config.afd."
-        "num_attention_ranks=2 and additional_config.afd.num_ffn_ranks=1 is not allowed"
+    # an FFN rank with two Attention peers (2A1F) holds steps too; which Attention engines may
+    # is the workers' check (tests/cpu/test_peer_restart.py)
+    assert (
+        parse_afd_config(
+            {"role": "ffn", "num_attention_ranks": 2, "peer_restart_timeout_s": 60}
+        ).peer_restart_timeout_s
+        == 60
     )
     assert (
         parse_afd_config(

@@ -13,6 +13,7 @@ from afd_models.connectors.base import (
     DTYPES,
     AFDConnectionError,
     AFDConnector,
+    AFDPeerGoneError,
     Fingerprint,
     StepHeader,
     compare_fingerprints,
@@ -439,3 +440,54 @@ def test_every_transfer_of_a_step_has_a_tag_of_its_own() -> None:
     }
     assert len(set(tags.values())) == len(tags)
     assert all(tag_part(tag) is part for (_, _, part), tag in tags.items())
+
+
+class LosingPeer(Recording):
+    """A connector whose FFN peer goes away at the receive of layer ``gone_at``."""
+
+    def __init__(self, gone_at: int) -> None:
+        super().__init__()
+        self.gone_at = gone_at
+
+    def _recv_layer(self, layer_idx: int, like: torch.Tensor, ubatch: int) -> torch.Tensor:
+        if layer_idx == self.gone_at:
+            raise AFDPeerGoneError(f"the peer closed the connection at layer {layer_idx}")
+        return super()._recv_layer(layer_idx, like, ubatch)
+
+
+def _forward(connector: AFDConnector, hidden: torch.Tensor) -> list[torch.Tensor]:
+    outputs = []
+    for layer in connector.layers:
+        connector.send(layer, hidden, None)
+        outputs.append(connector.recv(layer, hidden))
+    return outputs
+
+
+def test_a_held_forward_runs_to_its_end_on_zeros_after_its_peer_went_away() -> None:
+    """Holding, a lost exchange gives zeros, and so does every later one of the forward without
+    touching the wire, and lost_step says what was lost; not holding, the loss raises; the next
+    held forward starts with no loss and opens its step as usual."""
+    hidden = torch.ones(2, 4)
+    connector = LosingPeer(gone_at=1)
+    connector.set_layers([0, 1, 3])
+    with pytest.raises(AFDPeerGoneError, match="at layer 1"):
+        _forward(connector, hidden)
+
+    connector = LosingPeer(gone_at=1)
+    connector.set_layers([0, 1, 3])
+    with connector.holding_lost_steps():
+        outputs = _forward(connector, hidden)
+    assert [o.tolist() for o in outputs] == [
+        (hidden * 2).tolist(),
+        [[0.0] * 4] * 2,
+        [[0.0] * 4] * 2,
+    ]
+    assert connector.lost_step == "the peer closed the connection at layer 1"
+    # the header and layers 0 and 1 went out; layer 3's send was skipped
+    assert [kind for kind, _ in connector.sent] == ["header", "layer", "layer"]
+    connector.gone_at = -1  # a restarted peer
+    with connector.holding_lost_steps():
+        outputs = _forward(connector, hidden)
+    assert connector.lost_step is None
+    assert all(torch.equal(o, hidden * 2) for o in outputs)
+    assert [kind for kind, _ in connector.sent[3:]] == ["header", "layer", "layer", "layer"]

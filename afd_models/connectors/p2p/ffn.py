@@ -99,6 +99,8 @@ class P2PFFNConnector(FFNConnector):
         #: by its position
         self._incoming: dict[tuple[int, int], dict[int, dict[Part, torch.Tensor]]] = {}
         self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
+        self.holds_lost_steps = False  # FFNConnector's; set by the FFN server
+        self.lost_step = None
         #: positions of the peers whose next layer rides behind their header (its first layer)
         self._on_channel: set[int] = set()
         self._channels: list[socket.socket] = []
@@ -298,6 +300,7 @@ class P2PFFNConnector(FFNConnector):
         return self._group.plane.description
 
     def wait_step(self, stop: threading.Event) -> list[StepHeader] | None:
+        self.lost_step = None
         deadline = time.monotonic() + self.idle_timeout_s
         headers = []
         for peer, channel in zip(self.peers, self._channels, strict=True):
@@ -332,14 +335,46 @@ class P2PFFNConnector(FFNConnector):
     def start_recv(self, layer_idx: int, ubatch: int, peers: Sequence[int]) -> Wait:
         """Post the receives of ``layer_idx``'s micro-batch ``ubatch`` from ``peers`` (positions
         in peer order): by the data plane, or for the step's first layer on a plane that allows
-        it, from the step channel behind the header."""
+        it, from the step channel behind the header. A step that lost its peer while
+        :attr:`holds_lost_steps` receives zeros."""
         parts = self._incoming.setdefault((layer_idx, ubatch), {})
+        try:
+            wait = self._post_receives(layer_idx, ubatch, peers, parts)
+        except AFDPeerGoneError as exc:
+            if not self.holds_lost_steps:
+                raise
+            self.lost_step, wait = str(exc), _nothing
+        if not self.holds_lost_steps:
+            return wait
+
+        def held() -> None:
+            if self.lost_step is None:
+                try:
+                    wait()
+                    return
+                except AFDPeerGoneError as exc:
+                    self.lost_step = str(exc)
+            for buffers in parts.values():
+                for tensor in buffers.values():
+                    tensor.zero_()
+
+        return held
+
+    def _post_receives(
+        self,
+        layer_idx: int,
+        ubatch: int,
+        peers: Sequence[int],
+        parts: dict[int, dict[Part, torch.Tensor]],
+    ) -> Wait:
         transfers = []
         for index in peers:
             peer, header = self.peers[index], self.headers[index]
             parts[index] = self._buffers(layer_idx, header, header.ubatches[ubatch])
             on_channel = index in self._on_channel
             self._on_channel.discard(index)
+            if self.lost_step is not None:  # the peer went away earlier in the step
+                continue
             for part, tensor in parts[index].items():
                 if on_channel:
                     self._read(self._channels[index], tensor, f"layer {layer_idx} from rank {peer}")
@@ -347,7 +382,7 @@ class P2PFFNConnector(FFNConnector):
                     tag = layer_tag(layer_idx, part, ubatch)
                     transfers.append(Transfer(False, tensor, peer, tag))
         if not transfers:
-            return lambda: None
+            return _nothing
         return self._group.start(transfers, f"receive of layer {layer_idx}{ubatch_label(ubatch)}")
 
     def _buffers(self, layer_idx: int, header: StepHeader, rows: int) -> dict[Part, torch.Tensor]:
@@ -389,6 +424,8 @@ class P2PFFNConnector(FFNConnector):
             raise AFDPeerGoneError(f"{self._connector}: {what} failed: {exc}") from exc
 
     def send(self, layer_idx: int, output: torch.Tensor, ubatch: int = 0) -> None:
+        if self.lost_step is not None:  # held: the peer went away earlier in the step
+            return
         transfers, start = [], 0
         for index in peers_with(self.headers, ubatch):
             rows = self.headers[index].ubatches[ubatch]
@@ -396,7 +433,12 @@ class P2PFFNConnector(FFNConnector):
             transfers.append(Transfer(True, output[start : start + rows], self.peers[index], tag))
             self.metrics[index].sent(tensor_bytes(transfers[-1].tensor))
             start += rows
-        self._group.start(transfers, f"send of layer {layer_idx}{ubatch_label(ubatch)}")()
+        try:
+            self._group.start(transfers, f"send of layer {layer_idx}{ubatch_label(ubatch)}")()
+        except AFDPeerGoneError as exc:
+            if not self.holds_lost_steps:
+                raise
+            self.lost_step = str(exc)
 
     def interrupt(self) -> None:
         try:
@@ -412,6 +454,10 @@ class P2PFFNConnector(FFNConnector):
         self._group.close()
         for metrics in self.metrics:
             metrics.connected(False)
+
+
+def _nothing() -> None:
+    """The wait of a receive that posted no transfer."""
 
 
 def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
