@@ -394,8 +394,8 @@ class FFNServer:
                 headers = self.connector.wait_step(self._stop)
             except AFDPeerGoneError as exc:
                 gone = str(exc)
-            if headers is None and gone is None:
-                return None
+            if headers is None and gone is None:  # stopped: the engine is shutting down, and
+                return None  # a partner's pending vote ends with its process group
         if self.vote.tally(Verdict.AGAIN if gone else Verdict.RAN) is not Verdict.RAN:
             raise AFDPeerGoneError(gone or "the Attention peers of a TP partner went away")
         return headers

@@ -238,9 +238,11 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
     connected.
     """
     restarts: StepRestarts | None = getattr(runner, "afd_restarts", None)
-    if restarts is None:
-        return forward()
     connector = runner.afd_connector
+    # within another held forward the outer one votes, once: Model Runner V2's dummy run goes
+    # through its execute_model, whose forward calls are held already
+    if restarts is None or connector.is_holding:
+        return forward()
     deadline = None
     rejoin: FFNRejoin | None = getattr(runner, "afd_rejoin", None)
     if rejoin is not None:  # one budget for the whole step: the wait and any retry after it

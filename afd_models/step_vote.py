@@ -40,10 +40,6 @@ class StepVote:
         self._group = group
         self._ballot = torch.zeros(1, dtype=torch.int32)
 
-    @property
-    def size(self) -> int:
-        return int(dist.get_world_size(self._group))
-
     def tally(self, verdict: Verdict) -> Verdict:
         """The worst of every partner's ``verdict`` (blocks until all of them voted)."""
         self._ballot[0] = int(verdict)

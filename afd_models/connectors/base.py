@@ -496,7 +496,7 @@ class AFDConnector(ABC):
             else:
                 self._unless_lost(self._open_step, header)
         self._next[ubatch] += 1
-        if not self.is_capturing:
+        if not self.is_capturing and not self._lost:  # a held step's later sends never go out
             self.stats.started((ubatch, layer_idx), hidden_states.nbytes)
             if self.metrics is not None:
                 self.metrics.sent(tensor_bytes(hidden_states, router_logits, token_ids))
@@ -529,7 +529,7 @@ class AFDConnector(ABC):
     def recv(self, layer_idx: int, like: torch.Tensor, ubatch: int = 0) -> torch.Tensor:
         """The FFN output of ``layer_idx`` for micro-batch ``ubatch``, shaped and typed like
         ``like`` (zeros once the step lost its peer in :meth:`holding_lost_steps`)."""
-        if self.lost_step is not None:
+        if self._lost:
             return torch.zeros_like(like)
         try:
             output = self._recv_layer(layer_idx, like, ubatch)
@@ -559,9 +559,19 @@ class AFDConnector(ABC):
         finally:
             self._holding = False
 
+    @property
+    def is_holding(self) -> bool:
+        """Whether a forward runs in :meth:`holding_lost_steps`."""
+        return self._holding
+
+    @property
+    def _lost(self) -> bool:
+        """Whether the held forward in progress lost its peer."""
+        return self._holding and self.lost_step is not None
+
     def _unless_lost(self, transfer: Callable[..., None], *args: Any) -> None:
-        """``transfer(*args)``, unless the step lost its peer; a loss while holding is kept."""
-        if self.lost_step is not None:
+        """``transfer(*args)``, unless the held step lost its peer; a loss while holding is kept."""
+        if self._lost:
             return
         try:
             transfer(*args)

@@ -491,3 +491,64 @@ def test_a_held_forward_runs_to_its_end_on_zeros_after_its_peer_went_away() -> N
     assert connector.lost_step is None
     assert all(torch.equal(o, hidden * 2) for o in outputs)
     assert [kind for kind, _ in connector.sent[3:]] == ["header", "layer", "layer", "layer"]
+
+
+def test_a_held_ffn_step_computes_every_peers_rows_when_one_went_away() -> None:
+    """The FFN side of an Attention engine that died while its first layer crossed: the read from
+    the first peer's step channel ends early, and the step, held (TP partners' collectives must
+    pair), still receives both peers' rows, zeros included, as its partner lanes do."""
+    import socket
+    from types import SimpleNamespace
+
+    from afd_models.connectors.p2p.ffn import P2PFFNConnector
+    from afd_models.connectors.p2p.wire import byte_view
+
+    gone, live = socket.socketpair(), socket.socketpair()
+    gone[1].close()  # the first peer's process ended before its layer
+    sent = torch.arange(3 * 4, dtype=torch.float32).reshape(3, 4)
+    live[1].sendall(byte_view(sent))
+    # the connector's state after wait_step, without a group of processes
+    ffn = P2PFFNConnector.__new__(P2PFFNConnector)
+    ffn.peers, ffn.holds_lost_steps, ffn.lost_step = [1, 2], True, None
+    ffn.headers = [StepHeader(0, 2, 4, torch.float32), StepHeader(0, 3, 4, torch.float32)]
+    ffn._channels, ffn._on_channel, ffn._incoming = [gone[0], live[0]], {0, 1}, {}
+    ffn.fingerprint = Fingerprint.bare(0)
+    ffn._group = SimpleNamespace(plane=SimpleNamespace(device=torch.device("cpu")))
+    ffn._connector = "AFD gloo connector"
+    ffn.metrics = [SimpleNamespace(received=lambda nbytes: None)] * 2
+    ffn.start_recv(0, 0, [0, 1])()
+    assert ffn.lost_step is not None and "layer 0 from rank 1" in ffn.lost_step
+    received = ffn.received(0, 0).hidden_states
+    assert tuple(received.shape) == (5, 4) and not received.any()
+    for pair in (gone, live):
+        pair[0].close()
+    live[1].close()
+
+
+def test_a_held_forward_within_another_leaves_the_vote_to_the_outer_one() -> None:
+    """Model Runner V2's dummy run goes through its execute_model, whose forward is held already:
+    the inner forward_across_restarts only runs the forward, so the rank votes once per step,
+    as its partners do."""
+    from types import SimpleNamespace
+
+    from afd_models.runner_roles import StepRestarts, forward_across_restarts
+    from afd_models.step_vote import Verdict
+
+    votes: list[Verdict] = []
+
+    class Counting:
+        """The partners' vote, each ballot recorded."""
+
+        def tally(self, verdict: Verdict) -> Verdict:
+            votes.append(verdict)
+            return verdict
+
+    connector = LosingPeer(gone_at=-1)
+    connector.set_layers([0, 1])
+    runner = SimpleNamespace(afd_connector=connector, afd_restarts=StepRestarts(60, Counting()))
+    hidden = torch.ones(2, 4)
+    outputs = forward_across_restarts(
+        runner, lambda: forward_across_restarts(runner, lambda: _forward(connector, hidden))
+    )
+    assert votes == [Verdict.RAN]
+    assert all(torch.equal(o, hidden * 2) for o in outputs)

@@ -99,8 +99,6 @@ class P2PFFNConnector(FFNConnector):
         #: by its position
         self._incoming: dict[tuple[int, int], dict[int, dict[Part, torch.Tensor]]] = {}
         self.fingerprint = fingerprint or Fingerprint.bare(group.ffn_rank)
-        self.holds_lost_steps = False  # FFNConnector's; set by the FFN server
-        self.lost_step = None
         #: positions of the peers whose next layer rides behind their header (its first layer)
         self._on_channel: set[int] = set()
         self._channels: list[socket.socket] = []
@@ -338,6 +336,9 @@ class P2PFFNConnector(FFNConnector):
         it, from the step channel behind the header. A step that lost its peer while
         :attr:`holds_lost_steps` receives zeros."""
         parts = self._incoming.setdefault((layer_idx, ubatch), {})
+        for index in peers:  # all of them first: a held step still computes every peer's rows
+            header = self.headers[index]
+            parts[index] = self._buffers(layer_idx, header, header.ubatches[ubatch])
         try:
             wait = self._post_receives(layer_idx, ubatch, peers, parts)
         except AFDPeerGoneError as exc:
@@ -369,8 +370,7 @@ class P2PFFNConnector(FFNConnector):
     ) -> Wait:
         transfers = []
         for index in peers:
-            peer, header = self.peers[index], self.headers[index]
-            parts[index] = self._buffers(layer_idx, header, header.ubatches[ubatch])
+            peer = self.peers[index]
             on_channel = index in self._on_channel
             self._on_channel.discard(index)
             if self.lost_step is not None:  # the peer went away earlier in the step
