@@ -205,7 +205,7 @@ def _ffn_reconnect(runner: Any) -> Callable[..., FFNConnector] | None:
 @dataclass(frozen=True)
 class StepRestarts:
     """How an Attention runner holds its steps across FFN restarts (``peer_restart_timeout_s``):
-    the timeout, and its partners' vote (None for a worker with no TP or DP partner)."""
+    the timeout, and its TP partners' vote (None for a worker with no partner)."""
 
     restart_s: float
     vote: StepVote | None
@@ -221,9 +221,8 @@ def step_restarts(vllm_config: Any) -> StepRestarts | None:
 
 
 def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
-    """The Attention model's forward (``forward``, upstream's ``_model_forward``, or a DP rank's
-    dummy step), run again after a restarted FFN engine connected when the FFN role went away
-    during it.
+    """The Attention model's forward (``forward``, upstream's ``_model_forward``), run again
+    after a restarted FFN engine connected when the FFN role went away during it.
 
     Running it again only rewrites the KV-cache slots the first run wrote, with the same values:
     sampling comes after the forward, and the step's inputs are prepared before it. A forward
@@ -238,11 +237,9 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
     connected.
     """
     restarts: StepRestarts | None = getattr(runner, "afd_restarts", None)
-    connector = runner.afd_connector
-    # within another held forward the outer one votes, once: Model Runner V2's dummy run goes
-    # through its execute_model, whose forward calls are held already
-    if restarts is None or connector.is_holding:
+    if restarts is None:
         return forward()
+    connector = runner.afd_connector
     deadline = None
     rejoin: FFNRejoin | None = getattr(runner, "afd_rejoin", None)
     if rejoin is not None:  # one budget for the whole step: the wait and any retry after it
@@ -287,16 +284,6 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
             "AFD Attention: a restarted FFN engine connected after %.1f s; running the step again",
             time.monotonic() - now,
         )
-
-
-def dummy_step_across_restarts(runner: Any, dummy_step: Callable[[], None]) -> None:
-    """An idle DP rank's dummy step (upstream's ``execute_dummy_batch``): it reaches the FFN rank
-    like the busy ranks' steps, so it is held and voted on with theirs. One given up on has no
-    request to fail: it is logged."""
-    try:
-        forward_across_restarts(runner, dummy_step)
-    except AFDPeerLostError as lost:
-        logger.error("AFD Attention: an idle rank's dummy step was given up on: %s", lost)
 
 
 def _lost(runner: Any, restarts: StepRestarts, why: str, *, connected: bool) -> AFDPeerLostError:

@@ -560,11 +560,6 @@ class AFDConnector(ABC):
             self._holding = False
 
     @property
-    def is_holding(self) -> bool:
-        """Whether a forward runs in :meth:`holding_lost_steps`."""
-        return self._holding
-
-    @property
     def _lost(self) -> bool:
         """Whether the held forward in progress lost its peer."""
         return self._holding and self.lost_step is not None

@@ -597,9 +597,8 @@ def test_peer_restart_timeout_is_off_by_default_and_gloo_only() -> None:
         "away can wait for a restarted one; allowed: 0 with this connector, or the connector "
         "GlooAFDConnector"
     )
-    # an FFN rank with two Attention peers (2A1F, DP ranks of one engine: the topology refuses
-    # peers from several engines) holds steps too; the workers check the engine's DP ranks
-    # (tests/cpu/test_peer_restart.py)
+    # the section of an FFN rank with two Attention peers parses; the Attention engine's workers
+    # refuse its DP ranks (tests/cpu/test_peer_restart.py)
     assert (
         parse_afd_config(
             {"role": "ffn", "num_attention_ranks": 2, "peer_restart_timeout_s": 60}

@@ -523,32 +523,3 @@ def test_a_held_ffn_step_computes_every_peers_rows_when_one_went_away() -> None:
     for pair in (gone, live):
         pair[0].close()
     live[1].close()
-
-
-def test_a_held_forward_within_another_leaves_the_vote_to_the_outer_one() -> None:
-    """Model Runner V2's dummy run goes through its execute_model, whose forward is held already:
-    the inner forward_across_restarts only runs the forward, so the rank votes once per step,
-    as its partners do."""
-    from types import SimpleNamespace
-
-    from afd_models.runner_roles import StepRestarts, forward_across_restarts
-    from afd_models.step_vote import Verdict
-
-    votes: list[Verdict] = []
-
-    class Counting:
-        """The partners' vote, each ballot recorded."""
-
-        def tally(self, verdict: Verdict) -> Verdict:
-            votes.append(verdict)
-            return verdict
-
-    connector = LosingPeer(gone_at=-1)
-    connector.set_layers([0, 1])
-    runner = SimpleNamespace(afd_connector=connector, afd_restarts=StepRestarts(60, Counting()))
-    hidden = torch.ones(2, 4)
-    outputs = forward_across_restarts(
-        runner, lambda: forward_across_restarts(runner, lambda: _forward(connector, hidden))
-    )
-    assert votes == [Verdict.RAN]
-    assert all(torch.equal(o, hidden * 2) for o in outputs)

@@ -21,7 +21,6 @@ from afd_models.config import Role
 from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import (
     attention_runner_class,
-    dummy_step_across_restarts,
     ffn_counters,
     ffn_recent_steps,
     ffn_server_of,
@@ -147,12 +146,6 @@ class AFDAttentionCPUWorker(CPUWorker):
         # the AFD runner generated for that class
         runner = attention_runner_class(type(self.model_runner))
         self.model_runner = runner(self.vllm_config, self.device)
-
-    @override
-    def execute_dummy_batch(self) -> None:
-        # an idle DP rank's step reaches the FFN rank like the busy ranks' steps: it is held
-        # across an FFN restart and voted on with theirs
-        dummy_step_across_restarts(self.model_runner, super().execute_dummy_batch)
 
     @extend
     def afd_connector_stats(self) -> dict[str, float]:
