@@ -252,7 +252,6 @@ class FFNServer:
         self.graphs = graphs
         self.accelerator = accelerator
         self.vllm_config = vllm_config
-        self.connector = connector
         self.layers = list(model.ffn_layer_indices())
         #: whether the model's token-id layers' sends carry token ids
         self.token_ids = bool(token_id_layers(model))
@@ -270,7 +269,7 @@ class FFNServer:
         #: times the Attention peers left and new ones connected
         self.reconnects = 0
         self.group = connector.group  # its peers, in the order of their step headers
-        connector.holds_lost_steps = self.vote is not None
+        self._adopt(connector)
         self.on_failure = on_failure
         self.steps = 0
         #: the FFN graphs' counters (its own when the server runs eagerly), splits counted here
@@ -298,6 +297,12 @@ class FFNServer:
         logger.info(
             "AFD FFN server: stopped after %d steps; counters %s", self.steps, self.counters()
         )
+
+    def _adopt(self, connector: FFNConnector) -> None:
+        """Serve through ``connector`` (the first, or one hosting the group again): with the
+        partners' vote, it computes a step whose peer went away to its end."""
+        connector.holds_lost_steps = self.vote is not None
+        self.connector = connector
 
     def _serve_across_restarts(self) -> None:
         while True:
@@ -327,8 +332,7 @@ class FFNServer:
         self.connector.close()
         started = time.monotonic()
         connector = self.reconnect(stop=self._stop)
-        connector.holds_lost_steps = self.vote is not None
-        self.connector = connector
+        self._adopt(connector)
         if self._stop.is_set():  # stopped during the handshake: the stopper closed the old one
             connector.close()
             return

@@ -286,6 +286,17 @@ def forward_across_restarts(runner: Any, forward: Callable[[], Any]) -> Any:
         )
 
 
+def dummy_step_across_restarts(dummy_step: Callable[[], None]) -> None:
+    """An idle DP rank's dummy step (upstream's ``execute_dummy_batch``). Its model call is held
+    and voted on like the busy ranks' forward (the Attention runner's ``_dummy_run`` calls
+    ``_model_forward``); one given up on has no request to fail, so it is logged, and the next
+    step waits for the rejoin as the busy ranks' does."""
+    try:
+        dummy_step()
+    except AFDPeerLostError as lost:
+        logger.error("AFD Attention: an idle DP rank's dummy step was given up on: %s", lost)
+
+
 def _lost(runner: Any, restarts: StepRestarts, why: str, *, connected: bool) -> AFDPeerLostError:
     """A step given up on within ``peer_restart_timeout_s``; the next FFN engine is connected
     from the background from now on (unless this worker is ``connected`` already: a partner

@@ -1,10 +1,10 @@
 """How the workers of one engine that run every step together agree on a step lost to a restart.
 
 With ``peer_restart_timeout_s``, a step whose peer role went away is held and run again once a
-restarted peer connected. Alone, a worker decides that by itself. TP partners cannot: they meet
-in collectives at every layer (the attention all-reduce, the FFN role's MoE all-reduce) and
-notice a lost peer a layer apart, so a worker that ran a step again alone would meet its
-partners at the wrong layer. So each
+restarted peer connected. Alone, a worker decides that by itself. Workers with partners cannot:
+TP partners meet in collectives at every layer, and the DP ranks of one Attention engine send
+every step to the same FFN rank, so a worker that ran a step again alone would meet its partners
+at the wrong layer, or keep its FFN rank waiting for a partner that never reconnects. So each
 worker finishes the step (a lost exchange gives zeros, :meth:`AFDConnector.holding_lost_steps`)
 and the partners then vote (docs/design.md, "Restarts beyond one lane"); every decision is the
 worst verdict any of them gave, so all of them take it together.
@@ -48,9 +48,8 @@ class StepVote:
 
 
 def engine_vote(restart_s: float) -> StepVote | None:
-    """The vote of this worker's engine (vLLM's world group: its TP ranks; an engine holding
-    steps has one DP rank) when steps are held across restarts and the worker has partners;
-    None otherwise."""
+    """The vote of this worker's engine (vLLM's world group: its TP and DP ranks) when steps are
+    held across restarts and the worker has partners; None otherwise."""
     if not restart_s:
         return None
     from vllm.distributed.parallel_state import get_world_group

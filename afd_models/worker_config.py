@@ -48,6 +48,7 @@ from afd_models.config import (
 from afd_models.connectors.specs import CONNECTORS, SPECS
 from afd_models.log import get_logger
 from afd_models.plugin import afd_architecture, model_platform, release_numbers
+from afd_models.topology import ffn_rank_of_attention
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -380,12 +381,11 @@ def refuse_unsupported(
 
 def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
     """Refuse ``peer_restart_timeout_s`` where a step cannot simply run again: an Attention engine
-    with DP ranks (an idle rank's dummy step would run again whole, its DP collective included,
-    which the busy ranks' forward does not repeat), a KV-transfer connector (its per-layer saves
-    would repeat), or, on the Attention role, an engine that could not fail a step
-    (:func:`check_failed_steps`) or a held step longer than the multiprocess executor waits for
-    (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``). TP partners decide a lost step together
-    (afd_models/step_vote.py)."""
+    whose DP ranks send their steps to several FFN ranks (the engine's ranks decide a lost step
+    together, afd_models/step_vote.py, so all of them would wait for an FFN rank that did not
+    restart), a KV-transfer connector (its per-layer saves would repeat), or, on the Attention
+    role, an engine that could not fail a step (:func:`check_failed_steps`) or a held step
+    longer than the multiprocess executor waits for (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
     restart = afd.peer_restart_timeout_s
     if not restart:
         return
@@ -393,12 +393,22 @@ def check_restart(vllm_config: VllmConfig, afd: AFDConfig) -> None:
     parallel = vllm_config.parallel_config
     dp = parallel.data_parallel_size
     if afd.is_attention and dp > 1:
-        raise AFDConfigError(
-            f"{key} with --data-parallel-size={dp} is not allowed: an idle DP rank's dummy step "
-            "lost with the FFN engine would run again whole, its DP collective included, which "
-            "the busy ranks' forward does not repeat (not built yet); allowed: "
-            "--data-parallel-size=1 (any --tensor-parallel-size), or peer_restart_timeout_s=0"
+        served = sorted(
+            {
+                ffn_rank_of_attention(
+                    afd.rank_offset + rank, afd.num_attention_ranks, afd.num_ffn_ranks
+                )
+                for rank in range(dp)
+            }
         )
+        if len(served) > 1:
+            raise AFDConfigError(
+                f"{key} with --data-parallel-size={dp} is not allowed here: this engine's DP "
+                f"ranks send their steps to FFN ranks {served}, and its ranks decide a lost step "
+                "together, so all of them would wait for an FFN rank that did not restart; "
+                "allowed: an Attention engine whose DP ranks share one FFN rank (num_ffn_ranks=1, "
+                "or one Attention engine per FFN rank), or peer_restart_timeout_s=0"
+            )
     if getattr(vllm_config, "kv_transfer_config", None) is not None:
         raise AFDConfigError(
             f"{key} with --kv-transfer-config is not allowed: a step run again would save its "

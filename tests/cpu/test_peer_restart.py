@@ -276,16 +276,6 @@ def test_the_ffn_server_waits_for_a_restarted_attention_engine(group: Group) -> 
         ("attention", 1, 1, "mp", "300", False, None),  # 120 + 3 * 10 s < 300 s
         ("attention", 2, 1, "mp", "300", False, None),  # TP partners vote on a lost step
         ("ffn", 2, 1, "mp", "300", False, None),
-        (
-            "attention",
-            1,
-            2,
-            "mp",
-            "300",
-            False,
-            "with --data-parallel-size=2 is not allowed: an idle DP rank's dummy step lost with "
-            "the FFN engine would run again whole, its DP collective included",
-        ),
         ("attention", 1, 1, "uni", "300", True, "with --kv-transfer-config is not allowed"),
         (
             "attention",
@@ -313,10 +303,9 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
     message: str | None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An Attention engine's DP ranks would run an idle rank's dummy step again whole, a KV
-    connector would save the step's layers twice, and the multiprocess executor gives up on a
-    step after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; TP partners are allowed (they vote on a lost
-    step, see the partner tests below)."""
+    """A KV connector would save the step's layers twice, and the multiprocess executor gives up
+    on a step after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; TP and DP partners are allowed (they vote
+    on a lost step, see the partner tests below)."""
     from afd_models.worker_config import check_restart
 
     monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", env_timeout)
@@ -339,6 +328,51 @@ def test_a_peer_restart_timeout_is_refused_where_a_step_cannot_run_again(
     with pytest.raises(AFDConfigError, match=re.escape(message)) as raised:
         check_restart(engine, afd)
     assert str(raised.value).startswith("additional_config.afd.peer_restart_timeout_s=120 ")
+
+
+@pytest.mark.parametrize(
+    ("num_attention_ranks", "num_ffn_ranks", "rank_offset", "dp", "served"),
+    [
+        (2, 1, 0, 2, None),
+        (4, 2, 2, 2, None),
+        (2, 2, 0, 2, "[0, 1]"),
+        (3, 2, 0, 3, "[0, 1]"),
+    ],
+)
+def test_an_attention_engine_holds_steps_only_if_its_dp_ranks_share_an_ffn_rank(
+    num_attention_ranks: int, num_ffn_ranks: int, rank_offset: int, dp: int, served: str | None
+) -> None:
+    """An engine's ranks decide a lost step together, so its DP ranks must all talk to one FFN
+    rank: 2A1F, or 4A2F as two engines of DP 2, hold steps; an engine of 2A2F or 3A2F is refused
+    by name."""
+    from afd_models.worker_config import check_restart
+
+    engine = SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=1, data_parallel_size=dp, distributed_executor_backend="uni"
+        ),
+        kv_transfer_config=None,
+        scheduler_config=SchedulerConfig.default_factory(scheduler_cls=SCHEDULER_CLS),
+    )
+    afd = parse_afd_config(
+        {
+            "role": "attention",
+            "num_attention_ranks": num_attention_ranks,
+            "num_ffn_ranks": num_ffn_ranks,
+            "rank_offset": rank_offset,
+            "peer_restart_timeout_s": 120,
+        }
+    )
+    if served is None:
+        check_restart(engine, afd)
+        return
+    with pytest.raises(AFDConfigError) as raised:
+        check_restart(engine, afd)
+    assert str(raised.value).startswith(
+        f"additional_config.afd.peer_restart_timeout_s=120 with --data-parallel-size={dp} is not "
+        f"allowed here: this engine's DP ranks send their steps to FFN ranks {served}, "
+    ), raised.value
+    assert "allowed: an Attention engine whose DP ranks share one FFN rank" in str(raised.value)
 
 
 @pytest.mark.parametrize(
@@ -563,27 +597,17 @@ def test_only_a_peer_that_went_away_is_waited_for() -> None:
     assert time.monotonic() - started < 1
 
 
-# --- partners: TP workers, which run every step together -----------------------------------------
+# --- partners: workers that run every step together (TP lanes, or the DP ranks of one engine) ---
 
 
 def _lanes(tp_size: int = 2) -> list[Group]:
-    """The connector groups of a 1A1F deployment's TP lanes, on consecutive free ports."""
-    while True:
-        base = free_port()
-        if all(port_is_free(base + lane) for lane in range(1, tp_size)):
-            return [groups(1, 1, base, tp_size=tp_size, lane=lane)[0] for lane in range(tp_size)]
-
-
-def _vote_port(lanes: list[Group]) -> int:
-    """A free port for the partners' process group, none of the lanes'."""
-    while True:
-        port = free_port()
-        if port not in {lane.port for lane in lanes}:
-            return port
+    """The connector groups of a 1A1F deployment's TP lanes, one port each."""
+    base = free_port()
+    return [groups(1, 1, base, tp_size=tp_size, lane=lane)[0] for lane in range(tp_size)]
 
 
 def _partners_vote(port: int, rank: int, size: int = 2) -> StepVote:
-    """This process as partner ``rank`` of ``size`` (a gloo group, as vLLM's world group of a TP
+    """This process as partner ``rank`` of ``size`` (a gloo group, as vLLM's world group of an
     engine), and their vote."""
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
@@ -630,8 +654,7 @@ def test_tp_partners_run_a_step_lost_on_one_lane_again_together() -> None:
     second layer's answer while the other lane got it and finished the forward. The lost lane
     finishes on zeros (every per-layer collective still pairs), both vote, both reconnect to the
     restarted FFN engine and run the step again together, bit for bit."""
-    lanes = _lanes()
-    vote_port = _vote_port(lanes)
+    lanes, vote_port = _lanes(), free_port()
     served = [SPAWN.Queue() for _ in range(4)]  # the first engine's lanes, then the second's
     # lane 1 dies at the second step's second layer (layers counted from 1: 1, 2, 3, [4])
     first = [
@@ -650,9 +673,10 @@ def test_tp_partners_run_a_step_lost_on_one_lane_again_together() -> None:
     try:
         for process in (*first, *partners):
             process.start()
-        first[1].join(120)  # crashed mid-step; its partner lane, left up (it holds no port), may
-        # answer its layer late, as a worker vLLM has yet to stop would
+        first[1].join(120)  # crashed mid-step; vLLM ends the engine's other worker with it
         assert first[1].exitcode == 1
+        first[0].kill()
+        first[0].join(10)
         for process in second:
             process.start()
         reported: dict[int, list[object]] = {0: [], 1: []}
@@ -733,8 +757,7 @@ def test_ffn_tp_partners_host_again_together_after_one_lane_lost_its_peer() -> N
     its partner; lane 1's worker, whose peer is gone, computes the layer on zeros so that the
     collective pairs, then both vote and host the group again together, and serve a restarted
     Attention engine."""
-    lanes = _lanes()
-    vote_port = _vote_port(lanes)
+    lanes, vote_port = _lanes(), free_port()
     reports, results = SPAWN.Queue(), SPAWN.Queue()
     ffn = [SPAWN.Process(target=_ffn_partner, args=(lane, vote_port, reports)) for lane in lanes]
     dying = [

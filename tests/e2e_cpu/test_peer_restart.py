@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,13 @@ class Load:
         return self.results
 
 
+def _prometheus(tmp_path: Path, name: str) -> dict[str, str]:
+    """The environment giving engine ``name`` a Prometheus directory of its own."""
+    directory = tmp_path / f"prometheus-{name}"
+    directory.mkdir()
+    return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
+
+
 def _wait_for_line(server: serve.Server, text: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while text not in server.log.read_text(errors="replace"):
@@ -98,14 +106,9 @@ def test_either_role_restarts_under_load_without_losing_a_request(
     on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
     on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
 
-    def prometheus(name: str) -> dict[str, str]:
-        directory = tmp_path / f"prometheus-{name}"
-        directory.mkdir()
-        return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
-
     ffn_port, attention_port = serve.free_port(), serve.free_port()
     start_ffn: Callable[[str], serve.Server] = lambda name: serve.start_ffn(  # noqa: E731
-        name, model, ffn_port, logs, afd, cpu=serve.cpu(1), env=prometheus(name)
+        name, model, ffn_port, logs, afd, cpu=serve.cpu(1), env=_prometheus(tmp_path, name)
     )
 
     def start_attention(name: str, restart_s: float = RESTART_S) -> serve.Server:
@@ -117,7 +120,7 @@ def test_either_role_restarts_under_load_without_losing_a_request(
             {**afd, "peer_restart_timeout_s": restart_s},
             cpu=serve.cpu(0),
             extra=(*SAME_BATCHES, "--scheduler-cls", "afd_models.scheduler.AFDScheduler"),
-            env=prometheus(name),
+            env=_prometheus(tmp_path, name),
         )
 
     servers = [start_ffn("restart-ffn-1"), start_attention("restart-attention-1")]
@@ -186,30 +189,50 @@ def test_either_role_restarts_under_load_without_losing_a_request(
     assert codes[attention.name] is not None and codes[ffn.name] is not None
 
 
-#: the TP size of the partner restart below
-TP = 2
+@dataclass(frozen=True)
+class Partners:
+    """A deployment whose workers have partners: ``tp`` TP workers per role, ``dp`` Attention
+    ranks in one Attention engine, all served by FFN rank 0."""
+
+    name: str
+    tp: int
+    dp: int
+
+    def tp_args(self) -> tuple[str, ...]:
+        return ("--tensor-parallel-size", str(self.tp)) if self.tp > 1 else ()
+
+    def dp_args(self) -> tuple[str, ...]:
+        return ("--data-parallel-size", str(self.dp)) if self.dp > 1 else ()
+
+    def lanes(self) -> list[dict[str, str]]:
+        """The labels of every Attention worker's connection to its FFN rank."""
+        return [
+            {"role": "attention", "rank": str(rank), "lane": str(lane), "peer": "ffn0"}
+            for rank in range(self.dp)
+            for lane in range(self.tp)
+        ]
 
 
-def test_tp_partners_survive_either_role_restarting_under_load(
-    model: Path, logs: Path, tmp_path: Path
+PARTNERS = [Partners("1A1F-TP2", tp=2, dp=1), Partners("2A1F", tp=1, dp=2)]
+
+
+@pytest.mark.parametrize("partners", PARTNERS, ids=lambda p: p.name)
+def test_workers_with_partners_survive_either_role_restarting_under_load(
+    partners: Partners, model: Path, logs: Path, tmp_path: Path
 ) -> None:
-    """1A1F with TP 2 on both roles, each lane its own connection: the FFN engine dies under load
+    """TP partners (each lane its own connection) and the two DP ranks of one Attention engine
+    (one busy with the load, the other stepping dummy batches): the FFN engine dies under load
     and a new one takes its place with no request lost and equal tokens; then the Attention
-    engine dies under load and the FFN engine, both lanes of it, waits and serves a new one.
+    engine dies under load and the FFN engine, every lane of it, waits and serves a new one.
     Eager engines: the compiled restart is the test above."""
     afd = {
         "port": serve.free_port(),
+        "num_attention_ranks": partners.dp,
         "peer_restart_timeout_s": RESTART_S,
         "connector_extra_config": {"timeout_s": 10, "connect_timeout_s": 300},
     }
-    workers = "|".join(serve.cpu(w) for w in range(TP))
-    tp_args = ("--tensor-parallel-size", str(TP))
+    workers = "|".join(serve.cpu(w) for w in range(partners.tp * partners.dp))
     ffn_port, attention_port = serve.free_port(), serve.free_port()
-
-    def prometheus(name: str) -> dict[str, str]:
-        directory = tmp_path / f"prometheus-{name}"
-        directory.mkdir()
-        return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
 
     def start_ffn(name: str) -> serve.Server:
         return serve.start_ffn(
@@ -218,10 +241,10 @@ def test_tp_partners_survive_either_role_restarting_under_load(
             ffn_port,
             logs,
             afd,
-            cpu=workers,
+            cpu="|".join(serve.cpu(w) for w in range(partners.tp)),
             eager=True,
-            extra=tp_args,
-            env=prometheus(name),
+            extra=partners.tp_args(),
+            env=_prometheus(tmp_path, name),
         )
 
     def start_attention(name: str) -> serve.Server:
@@ -235,16 +258,17 @@ def test_tp_partners_survive_either_role_restarting_under_load(
             eager=True,
             extra=(
                 *SAME_BATCHES,
-                *tp_args,
+                *partners.tp_args(),
+                *partners.dp_args(),
                 "--kv-cache-memory-bytes",
                 "128M",
                 "--scheduler-cls",
                 "afd_models.scheduler.AFDScheduler",
             ),
-            env=prometheus(name),
+            env=_prometheus(tmp_path, name),
         )
 
-    servers = [start_ffn("tp2-ffn-1"), start_attention("tp2-attention-1")]
+    servers = [start_ffn(f"{partners.name}-ffn-1"), start_attention(f"{partners.name}-attention-1")]
     ffn, attention = servers
     try:
         serve.wait_ready(servers, START_TIMEOUT_S)
@@ -254,7 +278,7 @@ def test_tp_partners_survive_either_role_restarting_under_load(
         load = Load(attention)
         load.wait_for(2, 120)
         serve.kill_group(ffn)
-        ffn = start_ffn("tp2-ffn-2")
+        ffn = start_ffn(f"{partners.name}-ffn-2")
         servers.append(ffn)
         _wait_for_line(attention, "running the step again", REQUEST_TIMEOUT_S)
         load.wait_for(len(load.results) + 3, REQUEST_TIMEOUT_S)
@@ -262,29 +286,29 @@ def test_tp_partners_survive_either_role_restarting_under_load(
         assert [r for r in results if r[1] != expected[r[0]]] == []
         log = attention.log.read_text(errors="replace")
         # every worker held the step and ran it again, whether its own exchange was lost
-        assert log.count("running the step again") >= TP, log[-4000:]
-        for lane in range(TP):
-            labels = {"role": "attention", "rank": "0", "lane": str(lane), "peer": "ffn0"}
+        assert log.count("running the step again") >= partners.tp * partners.dp, log[-4000:]
+        for labels in partners.lanes():
             assert probes.metric_value(attention, "afd_reconnects_total", **labels) == 1, labels
 
-        # --- the Attention engine dies under load; both FFN lanes wait for the restarted one
+        # --- the Attention engine dies under load; every FFN lane waits for the restarted one
         serve.wait_ready([ffn], START_TIMEOUT_S)
         load = Load(attention)
         load.wait_for(1, 120)
         serve.kill_group(attention)
         load.stop()
         deadline = time.monotonic() + 60
-        while ffn.log.read_text(errors="replace").count("(peer_restart_timeout_s)") < TP:
+        while ffn.log.read_text(errors="replace").count("(peer_restart_timeout_s)") < partners.tp:
             assert time.monotonic() < deadline, ffn.log_tail()
             time.sleep(0.5)
         assert serve.health(ffn) == 200 and ffn.alive()
-        attention = start_attention("tp2-attention-2")
+        attention = start_attention(f"{partners.name}-attention-2")
         servers.append(attention)
         serve.wait_ready([attention], START_TIMEOUT_S)
         assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
-        for lane in range(TP):
-            labels = {"role": "ffn", "rank": "0", "lane": str(lane), "peer": "attention0"}
-            assert probes.metric_value(ffn, "afd_reconnects_total", **labels) == 1, labels
+        for lane in range(partners.tp):
+            for rank in range(partners.dp):
+                labels = {"role": "ffn", "rank": "0", "lane": str(lane), "peer": f"attention{rank}"}
+                assert probes.metric_value(ffn, "afd_reconnects_total", **labels) == 1, labels
     finally:
         codes = {s.name: serve.stop(s) for s in reversed(servers)}
     assert not any(serve.group_alive(s) for s in servers)

@@ -597,8 +597,8 @@ def test_peer_restart_timeout_is_off_by_default_and_gloo_only() -> None:
         "away can wait for a restarted one; allowed: 0 with this connector, or the connector "
         "GlooAFDConnector"
     )
-    # the section of an FFN rank with two Attention peers parses; the Attention engine's workers
-    # refuse its DP ranks (tests/cpu/test_peer_restart.py)
+    # an FFN rank with two Attention peers (2A1F) holds steps too; which Attention engines may
+    # is the workers' check (tests/cpu/test_peer_restart.py)
     assert (
         parse_afd_config(
             {"role": "ffn", "num_attention_ranks": 2, "peer_restart_timeout_s": 60}

@@ -18,6 +18,7 @@ from afd_models.connectors.base import (
     StepHeader,
     compare_fingerprints,
 )
+from tests.logs import AFDLines
 
 ENGINE = Fingerprint(
     role_rank=1,
@@ -523,3 +524,25 @@ def test_a_held_ffn_step_computes_every_peers_rows_when_one_went_away() -> None:
     for pair in (gone, live):
         pair[0].close()
     live[1].close()
+
+
+def test_an_idle_ranks_dummy_step_given_up_on_is_logged_and_other_errors_go_up() -> None:
+    """An idle DP rank's dummy step has no request to fail: a step given up on is logged and its
+    worker serves on; any other error still stops the engine."""
+    from afd_models.connectors.base import AFDPeerLostError
+    from afd_models.runner_roles import dummy_step_across_restarts
+
+    def lost() -> None:
+        raise AFDPeerLostError("no FFN engine came back")
+
+    with AFDLines() as lines:
+        dummy_step_across_restarts(lost)
+    assert lines == [
+        "AFD Attention: an idle DP rank's dummy step was given up on: no FFN engine came back"
+    ]
+
+    def broken() -> None:
+        raise RuntimeError("not a lost step")
+
+    with pytest.raises(RuntimeError, match="not a lost step"):
+        dummy_step_across_restarts(broken)

@@ -37,7 +37,7 @@ from afd_models.runner_roles import (
     start_ffn_server,
     stop_role,
 )
-from codegen.markers import delta, extend, override, subclass
+from codegen.markers import delta, extend, fork, override, replace, subclass
 
 RUNNER_BASES = ("CPUModelRunner", "vllm.v1.worker.gpu_model_runner:GPUModelRunner")
 LOAD_SPANS = (
@@ -122,6 +122,43 @@ class AFDAttentionCPUModelRunner(CPUModelRunner):
             **model_kwargs,
         )
         return forward_across_restarts(self, forward)
+
+    @fork(
+        replace(
+            "outputs = self.model($...ARGS)",
+            "outputs = self._model_forward($...ARGS)",
+            id="dummy-forward-across-restarts",
+            why="an idle DP rank's dummy step reaches the FFN rank like the busy ranks' steps: "
+            "only its model call is held and run again with theirs, not the DP batch "
+            "coordination before it, which the busy ranks do not repeat",
+        ),
+        deltas=(
+            delta(
+                "param_added",
+                "randomize_inputs",
+                ours="randomize_inputs: bool = False",
+                why="vLLM 0.28 added it; the forked body is each release's own",
+                when="vllm<0.28",
+            ),
+        ),
+    )
+    @torch.inference_mode()
+    def _dummy_run(
+        self,
+        num_tokens: int,
+        cudagraph_runtime_mode: CUDAGraphMode | None = None,
+        force_attention: bool = False,
+        uniform_decode: bool = False,
+        allow_microbatching: bool = True,
+        skip_eplb: bool = False,
+        is_profile: bool = False,
+        create_mixed_batch: bool = False,
+        remove_lora: bool = True,
+        is_graph_capturing: bool = False,
+        num_active_loras: int = 0,
+        profile_seq_lens: int | None = None,
+        randomize_inputs: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @override
     @torch.inference_mode()

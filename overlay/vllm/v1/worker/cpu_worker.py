@@ -21,6 +21,7 @@ from afd_models.config import Role
 from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import (
     attention_runner_class,
+    dummy_step_across_restarts,
     ffn_counters,
     ffn_recent_steps,
     ffn_server_of,
@@ -146,6 +147,12 @@ class AFDAttentionCPUWorker(CPUWorker):
         # the AFD runner generated for that class
         runner = attention_runner_class(type(self.model_runner))
         self.model_runner = runner(self.vllm_config, self.device)
+
+    @override
+    def execute_dummy_batch(self) -> None:
+        # an idle DP rank's step: its model call is held across an FFN restart and voted on with
+        # the busy ranks' (the runner's _dummy_run); one given up on has no request to fail
+        dummy_step_across_restarts(super().execute_dummy_batch)
 
     @extend
     def afd_connector_stats(self) -> dict[str, float]:
