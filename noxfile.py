@@ -7,7 +7,8 @@ Two kinds of environment:
   run in it; `tests` also builds one per other supported release (overlay/pins.toml) for its
   `every_release` tests of the cpu and e2e_cpu tiers;
 * small nox venvs (`reuse_venv`) for the source-only tools: `regenerate`, `drift`, `audit` read
-  upstream vLLM from its wheel in the download cache and never import it; `lint` runs ruff and mypy.
+  upstream vLLM from its wheel in the download cache and never import it; `lint` runs ruff and mypy;
+  `manifests` validates the deployment's Kubernetes manifests with kubernetes-validate.
 
 `npu-check` runs in neither: it uses the interpreter nox runs under, the operator's NPU environment.
 """
@@ -84,6 +85,8 @@ def tests(session: nox.Session) -> None:
     """Static checks on the committed tree, every test tier this machine can run (gpu and npu skip with a reason), then the cpu and e2e_cpu tiers on each other supported vLLM release."""
     # every release's env first: one that cannot be built fails the run before any tier starts
     pythons = {version: _cpu_python(session, version) for version in _supported_versions(session)}
+    # the deployment manifests' schema check needs kubernetes-validate, which the CPU envs lack
+    session.notify("manifests")
     run_tests(session, pythons)
 
 
@@ -182,10 +185,30 @@ def audit(session: nox.Session) -> None:
     session.run("python", "-m", "codegen", "audit", "--to", target, *rest)
 
 
+#: the Kubernetes release the deployment manifests are validated against, and its schemas
+KUBERNETES_VALIDATE = "kubernetes-validate==1.37.0"
+
+
+@nox.session(reuse_venv=True, default=False)
+def manifests(session: nox.Session) -> None:
+    """The Kubernetes manifests of `python -m afd_models.deploy k8s`, validated against the Kubernetes schema and checked for cross-references (run by `tests`)."""
+    session.install("-e", ".", KUBERNETES_VALIDATE, "pytest==9.0.2")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/unit/test_deploy_k8s.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        env={"AFD_KUBERNETES_SCHEMA": "required"},
+    )
+
+
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) on the project and mypy --strict on codegen/, afd_models/ and tools/."""
-    session.install("-e", ".[codegen]", "mypy==2.4.1")
+    session.install("-e", ".[codegen]", "mypy==2.4.1", "types-PyYAML==6.0.12.20250915")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from afd_models.config import Role
+from afd_models.deploy.commands import ROLE_ARGS
+from afd_models.deploy.spec import WORKERS, Platform
+
 #: environment every server gets (CPU platform, a 1 GiB KV cache, no hub, no usage stats)
 SERVER_ENV = {
     "VLLM_MLA_DISABLE": "1",
@@ -41,8 +45,6 @@ COMMON_ARGS = (
     "--served-model-name",
     SERVED_MODEL_NAME,
 )
-ATTENTION_WORKER = "afd_models.workers.AFDAttentionCPUWorker"
-FFN_WORKER = "afd_models.workers.AFDFFNCPUWorker"
 
 
 class ServerError(RuntimeError):
@@ -71,10 +73,12 @@ class Server:
     process: subprocess.Popen[bytes]
     log: Path
     started: float = field(default_factory=time.monotonic)
+    #: where its API server answers
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -135,51 +139,70 @@ def start(
     if afd is not None:
         args += ["--additional-config", json.dumps({"afd": dict(afd)})]
     args += list(extra)
-    full_env = {**os.environ, **SERVER_ENV, **(env or {})}
+    full_env = {**SERVER_ENV, **(env or {})}
     if cpu is not None:
         full_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+    return launch(name, args, full_env, port, log_dir, cwd=cwd)
+
+
+def launch(
+    name: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    port: int,
+    log_dir: Path,
+    *,
+    cwd: Path | None = None,
+    host: str = "127.0.0.1",
+) -> Server:
+    """Run ``argv`` in a process group of its own, with ``env`` over this process's environment,
+    its output in ``log_dir/<name>.log``; the server answers on ``host:port``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            args,
+            list(argv),
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=full_env,
+            env={**os.environ, **env},
             cwd=cwd,
             start_new_session=True,
         )
-    return Server(name, port, process, log)
+    return Server(name, port, process, log, host=host)
 
 
 def start_ffn(
     name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any
 ) -> Server:
-    """The FFN role: its worker, and the flags it needs (documented in docs/user-guide.md)."""
-    extra = ("--no-enable-prefix-caching", "--shutdown-timeout", "5", *kwargs.pop("extra", ()))
-    return start(
-        name,
-        model,
-        port,
-        log_dir,
-        afd={**afd, "role": "ffn"},
-        worker_cls=FFN_WORKER,
-        extra=extra,
-        **kwargs,
-    )
+    """The FFN role: its worker, and the flags it needs (the deployment commands', docs/user-guide.md)."""
+    return _start_role(Role.FFN, name, model, port, log_dir, afd, **kwargs)
 
 
 def start_attention(
     name: str, model: Path, port: int, log_dir: Path, afd: Mapping[str, Any], **kwargs: Any
 ) -> Server:
-    extra = ("--shutdown-timeout", "5", *kwargs.pop("extra", ()))
+    """The Attention role: its worker, and the flags it needs (as :func:`start_ffn`)."""
+    return _start_role(Role.ATTENTION, name, model, port, log_dir, afd, **kwargs)
+
+
+def _start_role(
+    role: Role,
+    name: str,
+    model: Path,
+    port: int,
+    log_dir: Path,
+    afd: Mapping[str, Any],
+    **kwargs: Any,
+) -> Server:
+    # the worker and flags `python -m afd_models.deploy` gives the role's engines
+    extra = (*ROLE_ARGS[role], *kwargs.pop("extra", ()))
     return start(
         name,
         model,
         port,
         log_dir,
-        afd={**afd, "role": "attention"},
-        worker_cls=ATTENTION_WORKER,
+        afd={**afd, "role": role.value},
+        worker_cls=WORKERS[Platform.CPU][role],
         extra=extra,
         **kwargs,
     )
@@ -358,7 +381,12 @@ def kill_group(server: Server, timeout_s: float = 15.0) -> None:
 
 
 def group_members(server: Server) -> list[int]:
-    """Live (non-zombie) processes of the server's process group, from /proc (Linux).
+    """Live (non-zombie) processes of the server's process group (:func:`process_group_members`)."""
+    return process_group_members(server.process.pid)
+
+
+def process_group_members(group: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``group``, from /proc (Linux).
 
     Zombies are left out: a container's init may reap orphans late, and a zombie runs nothing.
     """
@@ -369,7 +397,7 @@ def group_members(server: Server) -> list[int]:
         except (OSError, IndexError):
             continue
         state, pgid = fields[0], int(fields[2])
-        if pgid == server.process.pid and state != "Z":
+        if pgid == group and state != "Z":
             members.append(int(stat.parent.name))
     return members
 

@@ -6,7 +6,9 @@ from the checkout root, in vLLM's default compiled mode, each block in its own s
 test's environment less every ``VLLM_*`` / ``TORCHDYNAMO_*`` variable (a user's shell has none of
 the test harness's settings). ``model`` runs to completion; ``ffn`` and ``attention`` run in the
 background, as in their own terminals, until the port named by their ``--port`` answers
-``/health``; ``request`` must print a completion. Everything started is stopped by process group.
+``/health``; ``request`` must print a completion. Then docs/deployment.md's ``deploy_up`` block
+serves the same pair from one spec, answers the same request, and stops every engine on Ctrl-C.
+Everything started is stopped by process group.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from tests import probes
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "user-guide.md"
+DEPLOYMENT_GUIDE = ROOT / "docs" / "deployment.md"
 README = ROOT / "README.md"
 MARKED_BLOCK = re.compile(r"<!-- doc-test: (\w+) -->\n```bash\n(.*?)\n```", re.S)
 BLOCKS = ("model", "ffn", "attention", "request")
@@ -99,6 +103,9 @@ def test_every_doc_test_block_of_the_user_guide_is_run() -> None:
     assert sorted(names) == sorted([*BLOCKS, *OTHER_BLOCKS])
     for name, test in OTHER_BLOCKS.items():
         assert f'documented_blocks(GUIDE, ("{name}",))' in (ROOT / test).read_text(), test
+    # docs/deployment.md's: `deploy_up` below, the others in tests/unit/test_deploy_spec.py
+    deployment = [name for name, _ in MARKED_BLOCK.findall(DEPLOYMENT_GUIDE.read_text())]
+    assert sorted(deployment) == ["deploy_check", "deploy_k8s", "deploy_up"]
 
 
 # the commands are the same on every supported release (`tools/cpu_env.py path` names the env the
@@ -118,22 +125,56 @@ def test_documented_launch_serves_a_completion_in_compiled_mode(
     assert made.returncode == 0, made.stderr[-3000:]
     assert (MODEL_DIR / "config.json").is_file() and (MODEL_DIR / "model.safetensors").is_file()
 
-    servers = [
-        start_block(name, blocks[name], documented_port(blocks[name]), logs)
-        for name in ("ffn", "attention")
-    ]
     try:
-        serve.wait_ready(servers, timeout_s=600)
-        answer = run_block(blocks["request"], timeout_s=120)
-        assert answer.returncode == 0, answer.stderr
-        body = json.loads(answer.stdout)
-        choice = body["choices"][0]
-        assert choice["text"] and choice["finish_reason"] in ("length", "stop"), body
-        assert 1 <= body["usage"]["completion_tokens"] <= 16, body
-        assert serve.ran_compiled(servers[1]), servers[1].log_tail()
+        servers = [
+            start_block(name, blocks[name], documented_port(blocks[name]), logs)
+            for name in ("ffn", "attention")
+        ]
+        try:
+            serve.wait_ready(servers, timeout_s=600)
+            _assert_completion(run_block(blocks["request"], timeout_s=120))
+            assert serve.ran_compiled(servers[1]), servers[1].log_tail()
+        finally:
+            for server in servers:
+                serve.stop(server)
+        assert not any(serve.group_alive(server) for server in servers)
+        _deployment_guides_pair_serves(blocks["request"], logs)
     finally:
-        for server in servers:
-            serve.stop(server)
         if not model_existed:
             shutil.rmtree(MODEL_DIR, ignore_errors=True)
-    assert not any(serve.group_alive(server) for server in servers)
+
+
+def _assert_completion(answer: subprocess.CompletedProcess[str]) -> None:
+    assert answer.returncode == 0, answer.stderr
+    body = json.loads(answer.stdout)
+    choice = body["choices"][0]
+    assert choice["text"] and choice["finish_reason"] in ("length", "stop"), body
+    assert 1 <= body["usage"]["completion_tokens"] <= 16, body
+
+
+def _deployment_guides_pair_serves(request: str, logs: Path) -> None:
+    """docs/deployment.md's `up` block: the same pair from one spec, answering the same request,
+    then Ctrl-C (SIGINT to its process group, as a terminal sends it) stops every engine."""
+    (up_block,) = documented_blocks(DEPLOYMENT_GUIDE, ("deploy_up",)).values()
+    log_dir = ROOT / "afd-deploy-tiny-1a1f"  # up's default, in the directory it runs in
+    assert not log_dir.exists(), f"{log_dir} is in the way; remove it to run this test"
+    up = start_block("deploy-up", up_block, 8000, logs)
+    try:
+        serve.wait_ready([up], timeout_s=600)
+        _assert_completion(run_block(request, timeout_s=120))
+        engines = json.loads((log_dir / "deployment.json").read_text())
+        assert list(engines) == ["ffn0", "attention0"], engines
+    finally:
+        os.killpg(up.process.pid, signal.SIGINT)
+        try:
+            code = up.process.wait(120)
+        finally:
+            serve.stop(up)
+    output = up.log.read_text(errors="replace")
+    assert code == 0, output[-3000:]
+    assert "send requests to http://127.0.0.1:8000/v1/ (attention0)" in output, output[-3000:]
+    assert output.index("stopping attention0") < output.index("stopping ffn0"), output[-3000:]
+    groups = [entry["process_group"] for entry in engines.values()]
+    assert not any(serve.process_group_members(group) for group in groups)
+    assert not (log_dir / "deployment.json").exists()
+    shutil.rmtree(log_dir)

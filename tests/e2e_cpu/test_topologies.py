@@ -2,6 +2,11 @@
 processes, on the primary release. (2A1F is 3A2F's first FFN rank with its two peers: it adds no
 case of its own.)
 
+Each topology is started as an operator starts one (docs/deployment.md): the test writes its
+deployment spec and runs ``python -m afd_models.deploy up`` on it, 3A2F in the foreground (then
+SIGINT, as Ctrl-C) and the others with ``--detach`` (then ``deploy down``); every engine's process
+group is gone after.
+
 Attention ranks come from vLLM data parallel inside one Attention engine (``--data-parallel-size``)
 and from several Attention engines, each naming its first rank with ``rank_offset``; every FFN
 rank is its own engine (the FFN role refuses vLLM DP). 1A1F-TP2 runs both roles with
@@ -31,11 +36,15 @@ minutes each, on the primary only (the CI budget, docs/environment.md).
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -52,7 +61,7 @@ MAX_TOKENS = 16
 START_TIMEOUT_S = 600
 #: one sequence per engine step and rank, a small KV cache per Attention worker
 ENGINE_ARGS = ("--max-num-seqs", "1")
-ATTENTION_ARGS = (*ENGINE_ARGS, "--kv-cache-memory-bytes", "128M")
+KV_CACHE_ARGS = ("--kv-cache-memory-bytes", "128M")
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc, to read the FFN workers' steps
 #: this machine's memory; the whole deployment (and the baseline, stopped before) must fit
 MACHINE_BYTES = 24 * 2**30
@@ -171,57 +180,160 @@ def _cpus(first: int, workers: int) -> str:
     return "|".join(serve.cpu(first + w) for w in range(workers))
 
 
-def _start(
-    topology: Topology, model: Path, logs: Path
-) -> tuple[list[serve.Server], list[serve.Server]]:
-    """The FFN engines (one per FFN rank) and the Attention engines of ``topology``."""
-    afd = {
+@dataclass
+class Launched:
+    """A topology started by ``python -m afd_models.deploy up`` from its spec: the command's
+    process, and a handle on each engine it started (from the state file it records)."""
+
+    spec: Path
+    log_dir: Path
+    #: ``up`` itself when it runs in the foreground (3A2F), None after ``up --detach``
+    up: subprocess.Popen[bytes] | None
+    ffns: list[serve.Server]
+    attentions: list[serve.Server]
+
+
+class _GroupLeader:
+    """What :class:`serve.Server` asks of its process, for an engine ``deploy up`` started: its
+    process group (the leader's pid), alive while any member is."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return None if serve.process_group_members(self.pid) else 0
+
+
+def _consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` free ports in a row (engine i of a role serves on its table's
+    ``api_port`` + i)."""
+    for _ in range(100):
+        first = serve.free_port()
+        if first + count < 65536 and all(probes.port_is_free(first + i) for i in range(count)):
+            return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def _spec(topology: Topology, model: Path) -> str:
+    """``topology`` as a deployment spec: eager engines, one sequence per step, one CPU per
+    worker, the FFN engines' workers readable through /collective_rpc (dev mode)."""
+    engine_args = [*serve.COMMON_ARGS, *ENGINE_ARGS, "--enforce-eager"]
+    ffn_cpus = [_cpus(k * topology.tp, topology.tp) for k in range(topology.num_ffn_ranks)]
+    attention_cpus, offset = [], 0
+    for dp in topology.attention_engines:
+        attention_cpus.append(_cpus(offset * topology.tp, dp * topology.tp))
+        offset += dp
+    afd: dict[str, Any] = {
         "port": serve.free_port(),
-        "num_attention_ranks": topology.num_attention_ranks,
-        "num_ffn_ranks": topology.num_ffn_ranks,
         "connector_extra_config": {"timeout_s": 30, "connect_timeout_s": 300},
-        **({"ffn_hosts": list(topology.ffn_hosts)} if topology.ffn_hosts else {}),
     }
-    ffns, attentions = [], []
-    try:
-        for k in range(topology.num_ffn_ranks):
-            # its workers' series in its /metrics (checked per TP lane below)
-            prometheus = logs / f"prometheus-{topology.name}-ffn{k}"
-            prometheus.mkdir()
-            ffns.append(
-                serve.start_ffn(
-                    f"{topology.name}-ffn{k}",
-                    model,
-                    serve.free_port(),
-                    logs,
-                    {**afd, "rank_offset": k},
-                    cpu=_cpus(k * topology.tp, topology.tp),
-                    env={**DEV_MODE, "PROMETHEUS_MULTIPROC_DIR": str(prometheus)},
-                    eager=True,
-                    extra=(*ENGINE_ARGS, *_tp_args(topology.tp)),
-                )
+    if topology.ffn_hosts:
+        afd["ffn_hosts"] = list(topology.ffn_hosts)
+    return "\n".join(
+        [
+            f"model = {json.dumps(str(model))}",
+            'dtype = "float32"',
+            f"tensor_parallel_size = {topology.tp}",
+            "[afd]",
+            *(f"{key} = {_toml(value)}" for key, value in afd.items()),
+            "[attention]",
+            f"engines = {list(topology.attention_engines)}",
+            f"api_port = {_consecutive_free_ports(len(topology.attention_engines))}",
+            f"cpus = {json.dumps(attention_cpus)}",
+            f"args = {json.dumps([*engine_args, *KV_CACHE_ARGS])}",
+            f"env = {_toml(serve.SERVER_ENV)}",
+            "[ffn]",
+            f"ranks = {topology.num_ffn_ranks}",
+            f"api_port = {_consecutive_free_ports(topology.num_ffn_ranks)}",
+            f"cpus = {json.dumps(ffn_cpus)}",
+            f"args = {json.dumps(engine_args)}",
+            f"env = {_toml({**serve.SERVER_ENV, **DEV_MODE})}",
+            "",
+        ]
+    )
+
+
+def _toml(value: Any) -> str:
+    """``value`` (numbers, strings, lists and tables of them) as a TOML value."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
+def _deploy(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "afd_models.deploy", *map(str, args)]
+
+
+def _launch(topology: Topology, model: Path, logs: Path) -> Launched:
+    """Write ``topology``'s spec and start it as an operator would: ``deploy up`` in the
+    foreground for 3A2F (stopped by SIGINT, as Ctrl-C), ``deploy up --detach`` for the others
+    (stopped by ``deploy down``)."""
+    spec = logs / f"{topology.name}.toml"
+    spec.write_text(_spec(topology, model))
+    log_dir = logs / topology.name
+    output = logs / f"{topology.name}-deploy.log"
+    if topology.name == "3A2F":
+        with output.open("wb") as out:
+            up = subprocess.Popen(
+                _deploy("up", spec, "--log-dir", log_dir),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        offset = 0
-        for i, dp in enumerate(topology.attention_engines):
-            dp_args = ("--data-parallel-size", str(dp)) if dp > 1 else ()
-            attentions.append(
-                serve.start_attention(
-                    f"{topology.name}-attention{i}",
-                    model,
-                    serve.free_port(),
-                    logs,
-                    {**afd, "rank_offset": offset},
-                    cpu=_cpus(offset * topology.tp, dp * topology.tp),
-                    eager=True,
-                    extra=(*ATTENTION_ARGS, *dp_args, *_tp_args(topology.tp)),
-                )
-            )
-            offset += dp
-    except BaseException:
-        for server in ffns + attentions:
-            serve.stop(server)
-        raise
-    return ffns, attentions
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while "serving; Ctrl-C stops every engine" not in output.read_text(errors="replace"):
+                assert up.poll() is None, output.read_text(errors="replace")
+                assert time.monotonic() < deadline, output.read_text(errors="replace")
+                time.sleep(1)
+        except BaseException:
+            up.send_signal(signal.SIGINT)  # it stops the engines it started
+            up.wait(120)
+            raise
+        launched_by: subprocess.Popen[bytes] | None = up
+    else:
+        launched_by = None
+        done = subprocess.run(
+            _deploy("up", spec, "--log-dir", log_dir, "--detach"),
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+        )
+        output.write_text(done.stdout + done.stderr)
+        assert done.returncode == 0, output.read_text()
+    state = json.loads((log_dir / "deployment.json").read_text())
+    servers = {
+        name: serve.Server(
+            name,
+            entry["port"],
+            cast(subprocess.Popen[bytes], _GroupLeader(entry["process_group"])),
+            Path(entry["log"]),
+            host=entry["host"],
+        )
+        for name, entry in state.items()
+    }
+    return Launched(
+        spec,
+        log_dir,
+        launched_by,
+        [servers[f"ffn{k}"] for k in range(topology.num_ffn_ranks)],
+        [servers[f"attention{i}"] for i in range(len(topology.attention_engines))],
+    )
+
+
+def _stop(launched: Launched) -> None:
+    """Stop the deployment the way it was started; every engine's process group is gone after."""
+    if launched.up is not None:
+        launched.up.send_signal(signal.SIGINT)
+        assert launched.up.wait(120) == 0
+    else:
+        done = subprocess.run(
+            _deploy("down", launched.spec, "--log-dir", launched.log_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -245,10 +357,10 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
     memory: dict[str, tuple[int, int]],
 ) -> None:
     baseline = _baseline_for(topology.tp, baselines, model, logs)
-    ffns, attentions = _start(topology, model, logs)
+    launched = _launch(topology, model, logs)
+    ffns, attentions = launched.ffns, launched.attentions
     servers = ffns + attentions
     try:
-        serve.wait_ready(servers, START_TIMEOUT_S)
         # steps before the requests: vLLM's profiling forward of each Attention rank
         served_from = [len(probes.ffn_steps(ffn)[0]) for ffn in ffns]
         with ThreadPoolExecutor(len(attentions)) as pool:
@@ -320,15 +432,14 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
         deployment = 0
         for server in servers:
             rss = probes.peak_rss_bytes(server)
-            memory[f"{topology.name}/{server.name.removeprefix(topology.name + '-')}"] = (
+            memory[f"{topology.name}/{server.name}"] = (
                 rss,
                 probes.pss_bytes(server),
             )
             deployment += rss
         assert 0 < deployment < MACHINE_BYTES, deployment
     finally:
-        for server in attentions + ffns:
-            serve.stop(server)
+        _stop(launched)
     assert not any(serve.group_alive(s) for s in servers)
 
 

@@ -1,0 +1,181 @@
+"""Starting and stopping a deployment's engines on this machine: ``deploy up`` and ``deploy down``
+(afd_models/deploy/__main__.py), and the e2e tests' launcher of whole topologies.
+
+Each engine runs in a process group of its own (:func:`afd_models.cli.serve.launch`), its log and
+its Prometheus directory in the log directory; the process groups are recorded there for ``down``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+from afd_models.cli import serve
+from afd_models.config import Role, shared_secret
+from afd_models.deploy.commands import Command, deployment_commands
+from afd_models.deploy.spec import Deployment
+from codegen.findings import ExitCode
+
+#: what ``up`` records for ``down``, in the log directory
+STATE_FILE = "deployment.json"
+#: seconds between two lines naming the engines still starting
+PROGRESS_EVERY_S = 30.0
+
+
+def say(message: str) -> None:
+    print(f"[deploy {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def default_log_dir(spec: Path) -> Path:
+    return Path(f"afd-deploy-{spec.stem}")
+
+
+def health_host(host: str) -> str:
+    """Where this machine reaches an API server listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
+def check_secrets(deployment: Deployment) -> None:
+    """Refuse, before any engine starts, a deployment whose workers would refuse their shared
+    secret: none where an FFN rank listens beyond loopback, or a file they cannot use.
+
+    Raises:
+        AFDConfigError: the first engine's workers' own message.
+    """
+    for engine in deployment.engines:
+        shared_secret(engine.config, {**os.environ, **engine.env})
+
+
+def up(deployment: Deployment, log_dir: Path, timeout_s: float, detach: bool) -> int:
+    """Start every engine, FFN engines first, wait until each answers ``/health``, and serve
+    until Ctrl-C or SIGTERM, or until an engine exits (then stop the rest); with ``detach``,
+    return once all are up and leave them running for :func:`down`."""
+    check_secrets(deployment)
+    commands = deployment_commands(deployment, serve.vllm_command())
+    servers: list[serve.Server] = []
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        for command in commands:
+            servers.append(_start(command, log_dir))
+        _record(log_dir, servers)
+        _wait_ready(servers, timeout_s, stop)
+        for server, command in zip(servers, commands, strict=True):
+            if command.engine.role is Role.ATTENTION:
+                say(f"send requests to {server.url}/v1/ ({command.engine.name})")
+        say(f"logs: {log_dir.resolve()}")
+        if detach:
+            servers = []  # left running: `down` stops them
+            return ExitCode.CLEAN
+        say("serving; Ctrl-C stops every engine")
+        while not stop.wait(1.0):
+            ended = [s for s in servers if not s.alive()]
+            if ended:
+                say(f"{ended[0].name} exited with {ended[0].process.returncode}: stopping the rest")
+                print(ended[0].log_tail(), flush=True)
+                return ExitCode.ERROR
+        return ExitCode.CLEAN
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for server in reversed(servers):
+            say(f"stopping {server.name}")
+            serve.stop(server)
+        if servers:
+            (log_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def _start(command: Command, log_dir: Path) -> serve.Server:
+    engine = command.engine
+    # AFD's series per engine (vLLM's multiprocess metrics mix engines sharing a directory)
+    prometheus = log_dir / "prometheus" / engine.name
+    shutil.rmtree(prometheus, ignore_errors=True)
+    prometheus.mkdir(parents=True)
+    server = serve.launch(
+        engine.name,
+        command.argv,
+        {**command.env, "PROMETHEUS_MULTIPROC_DIR": str(prometheus)},
+        engine.api_port,
+        log_dir,
+        host=health_host(engine.host),
+    )
+    say(f"started {engine.name} (process group {server.process.pid}): {command.shell()}")
+    return server
+
+
+def _record(log_dir: Path, servers: list[serve.Server]) -> None:
+    state = {
+        s.name: {"process_group": s.process.pid, "host": s.host, "port": s.port, "log": str(s.log)}
+        for s in servers
+    }
+    (log_dir / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+
+
+def _wait_ready(servers: list[serve.Server], timeout_s: float, stop: threading.Event) -> None:
+    deadline, pending = time.monotonic() + timeout_s, list(servers)
+    next_progress = time.monotonic() + PROGRESS_EVERY_S
+    while pending:
+        if stop.is_set():
+            raise serve.ServerError("stopped while the engines started")
+        for server in list(pending):
+            if not server.alive():
+                raise serve.ServerError(
+                    f"{server.name} exited with {server.process.returncode} while starting:\n"
+                    f"{server.log_tail()}"
+                )
+            if serve.health(server) == 200:
+                pending.remove(server)
+                say(
+                    f"{server.name} ready at {server.url} after "
+                    f"{time.monotonic() - server.started:.0f} s"
+                )
+        now = time.monotonic()
+        if pending and now > deadline:
+            raise serve.ServerError(
+                f"{', '.join(s.name for s in pending)} not ready within {timeout_s:.0f} s "
+                f"(--timeout-s); the last lines of {pending[0].name}'s log:\n{pending[0].log_tail()}"
+            )
+        if pending and now >= next_progress:
+            say(
+                f"waiting for {', '.join(s.name for s in pending)} ({now - servers[0].started:.0f} s)"
+            )
+            next_progress = now + PROGRESS_EVERY_S
+        stop.wait(0.5)
+
+
+def down(log_dir: Path, timeout_s: float = 30.0) -> int:
+    state_file = log_dir / STATE_FILE
+    if not state_file.exists():
+        say(f"nothing to stop: no {STATE_FILE} in {log_dir} (was `up --detach` run with it?)")
+        return ExitCode.ERROR
+    state = json.loads(state_file.read_text())
+    for name, entry in reversed(list(state.items())):
+        group = int(entry["process_group"])
+        say(f"stopping {name} (process group {group})")
+        _stop_group(group, timeout_s)
+    state_file.unlink()
+    return ExitCode.CLEAN
+
+
+def _stop_group(group: int, timeout_s: float) -> None:
+    """SIGTERM process group ``group``, then SIGKILL what is left after ``timeout_s``."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 15.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while serve.process_group_members(group):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        else:
+            return
+    raise serve.ServerError(f"process group {group} survived SIGKILL")
