@@ -137,8 +137,8 @@ class AFDAttentionCPUModelRunner(CPUModelRunner):
                 "param_added",
                 "randomize_inputs",
                 ours="randomize_inputs: bool = False",
-                why="vLLM 0.28 added it; the forked body is each release's own",
-                when="vllm<0.28",
+                why="vLLM 0.27 added it; the forked body is each release's own",
+                when="vllm<0.27",
             ),
         ),
     )
