@@ -22,6 +22,7 @@ here by name.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -54,6 +55,14 @@ def manifests(deployment: Deployment) -> list[Manifest]:
             "kubernetes.secret is required: the FFN ranks listen on the cluster network, and "
             "their workers refuse to start without the deployment's shared secret; allowed: the "
             "name of a Secret whose 'token' key holds it, or afd.allow_unauthenticated = true"
+        )
+    config = deployment.engines[0].config
+    if cluster.secret is not None and (config.allow_unauthenticated or config.auth_token_file):
+        key = "allow_unauthenticated" if config.allow_unauthenticated else "auth_token_file"
+        raise SpecError(
+            f"kubernetes.secret={cluster.secret!r} with afd.{key} is not allowed: the pods take "
+            "the shared secret from the Secret, and the workers refuse a second source or "
+            "allow_unauthenticated beside a secret; allowed: one of them"
         )
     if not deployment.model.startswith(cluster.model_mount.rstrip("/") + "/"):
         raise SpecError(
@@ -160,36 +169,35 @@ def _statefulset(
                 "valueFrom": {"secretKeyRef": {"name": cluster.secret, "key": SECRET_KEY}},
             }
         )
-    health = {"httpGet": {"path": "/health", "port": engine.api_port}}
     container = {
         "name": "vllm",
         "image": cluster.image,
         "command": argv,
         "env": env,
         "ports": [{"name": "api", "containerPort": engine.api_port}],
-        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
-        "readinessProbe": {**health, "periodSeconds": 10},
-        "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 3},
-        "resources": {"requests": dict(cluster.resources[engine.role])},
+        "startupProbe": _health_probe(engine.api_port, period_s=10, failures=180),
+        "readinessProbe": _health_probe(engine.api_port, period_s=10, failures=3),
+        "livenessProbe": _health_probe(engine.api_port, period_s=30, failures=3),
+        "resources": _resources(cluster.resources[engine.role]),
         "volumeMounts": [
             {"name": "model", "mountPath": cluster.model_mount, "readOnly": True},
             {"name": "prometheus", "mountPath": PROMETHEUS_DIR},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
     }
-    labels = _labels(cluster, part)
+    # a fresh dict wherever labels go: YAML would write a shared one as an anchor and aliases
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": _labels(cluster, part)},
         "spec": {
             "serviceName": service,
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": labels},
+            "selector": {"matchLabels": _labels(cluster, part)},
             "template": {
                 "metadata": {
-                    "labels": labels,
+                    "labels": _labels(cluster, part),
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(engine.api_port),
@@ -213,6 +221,21 @@ def _statefulset(
             },
         },
     }
+
+
+def _health_probe(port: int, *, period_s: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": "/health", "port": port},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(requests: Mapping[str, str]) -> Manifest:
+    """The role's requests; extended resources (a device plugin's, such as ``nvidia.com/gpu``)
+    also as limits, which Kubernetes requires of them (they cannot be overcommitted)."""
+    extended = {name: value for name, value in requests.items() if "/" in name}
+    return {"requests": dict(requests), **({"limits": extended} if extended else {})}
 
 
 def _in_pod(engine: Engine, hosts: list[str]) -> Engine:

@@ -56,6 +56,12 @@ def up(deployment: Deployment, log_dir: Path, timeout_s: float, detach: bool) ->
     until Ctrl-C or SIGTERM, or until an engine exits (then stop the rest); with ``detach``,
     return once all are up and leave them running for :func:`down`."""
     check_secrets(deployment)
+    if (log_dir / STATE_FILE).exists():
+        raise serve.ServerError(
+            f"{log_dir / STATE_FILE} exists: engines `up --detach` started with this log "
+            f"directory may still run; stop them with `python -m afd_models.deploy down SPEC "
+            f"--log-dir {log_dir}`, or give another --log-dir"
+        )
     commands = deployment_commands(deployment, serve.vllm_command())
     servers: list[serve.Server] = []
     stop = threading.Event()
@@ -83,11 +89,19 @@ def up(deployment: Deployment, log_dir: Path, timeout_s: float, detach: bool) ->
                 return ExitCode.ERROR
         return ExitCode.CLEAN
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        # our handlers stay while the engines stop: a second Ctrl-C must not cut that short
+        survivors = []
         for server in reversed(servers):
             say(f"stopping {server.name}")
-            serve.stop(server)
+            try:
+                serve.stop(server)
+            except serve.ServerError as exc:
+                say(f"{exc}")
+                survivors.append(server.name)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if survivors:  # the state file stays, naming their process groups
+            raise serve.ServerError(f"{', '.join(survivors)} could not be stopped")
         if servers:
             (log_dir / STATE_FILE).unlink(missing_ok=True)
 
@@ -155,11 +169,23 @@ def down(log_dir: Path, timeout_s: float = 30.0) -> int:
     if not state_file.exists():
         say(f"nothing to stop: no {STATE_FILE} in {log_dir} (was `up --detach` run with it?)")
         return ExitCode.ERROR
-    state = json.loads(state_file.read_text())
-    for name, entry in reversed(list(state.items())):
-        group = int(entry["process_group"])
+    try:
+        state = json.loads(state_file.read_text())
+        groups = {name: int(entry["process_group"]) for name, entry in state.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        say(f"{state_file} is not what `up` writes ({exc!r}); stop its engines by hand")
+        return ExitCode.ERROR
+    survivors = []
+    for name, group in reversed(groups.items()):
         say(f"stopping {name} (process group {group})")
-        _stop_group(group, timeout_s)
+        try:
+            _stop_group(group, timeout_s)
+        except serve.ServerError as exc:
+            say(f"{exc}")
+            survivors.append(name)
+    if survivors:  # the state file stays for another try
+        say(f"{', '.join(survivors)} could not be stopped")
+        return ExitCode.ERROR
     state_file.unlink()
     return ExitCode.CLEAN
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from afd_models.config import AFD_KEY, AFDConfig, AFDConfigError, Role, parse_afd_config
-from afd_models.topology import MAX_PORT, TopologyError, check_attention_engine
+from afd_models.topology import MAX_PORT, TopologyError, check_attention_engine, check_ports
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -207,7 +207,12 @@ def parse_spec(data: Mapping[str, Any]) -> Deployment:
     ffn_engines = _role_engines(Role.FFN, ffn, [1] * num_ffn, shared, platform)
     attention_engines = _role_engines(Role.ATTENTION, attention, engines_dp, shared, platform)
     engines = (*ffn_engines, *attention_engines)
-    _distinct_ports(engines)
+    rendezvous = ffn_engines[0].config.port
+    try:
+        check_ports(rendezvous, num_ffn, tp)
+    except TopologyError as exc:
+        raise SpecError(f"afd.{exc} (tensor_parallel_size={tp})") from None
+    _distinct_ports(engines, range(rendezvous, rendezvous + num_ffn * tp))
     cluster = _cluster(_table(data, "kubernetes")) if "kubernetes" in data else None
     return Deployment(model, dtype, platform, tp, served, engines, cluster)
 
@@ -224,7 +229,7 @@ def _cluster(table: Mapping[str, Any]) -> Cluster:
             "characters (lower-case letters, digits, '-'), so that every object's name fits"
         )
     nodes = table.get("nodes_per_engine", 1)
-    if nodes != 1:
+    if type(nodes) is not int or nodes != 1:  # not True, not 1.0
         raise SpecError(
             f"kubernetes.nodes_per_engine={nodes!r} is not allowed: an engine spanning nodes "
             "(vLLM's multi-node tensor or pipeline parallel) needs a LeaderWorkerSet, which "
@@ -314,14 +319,19 @@ def _role_engines(
     return engines
 
 
-def _distinct_ports(engines: Sequence[Engine]) -> None:
-    seen: dict[int, str] = {}
+def _distinct_ports(engines: Sequence[Engine], rendezvous: range) -> None:
+    """Every engine's API port its own, and none among the FFN ranks' rendezvous ports (one per
+    FFN rank and TP lane from ``afd.port``: on one machine, or in an FFN pod, they would clash)."""
+    seen = {
+        port: f"the FFN ranks' rendezvous (afd.port={rendezvous.start}, {len(rendezvous)} ports)"
+        for port in rendezvous
+    }
     for engine in engines:
         if engine.api_port in seen:
             raise SpecError(
-                f"{engine.name} and {seen[engine.api_port]} would both serve on port "
-                f"{engine.api_port}; allowed: attention.api_port and ffn.api_port far enough "
-                "apart that each engine has a port of its own"
+                f"{engine.name} and {seen[engine.api_port]} would both use port "
+                f"{engine.api_port}; allowed: attention.api_port, ffn.api_port and afd.port far "
+                "enough apart that each engine and each rendezvous has a port of its own"
             )
         seen[engine.api_port] = engine.name
 

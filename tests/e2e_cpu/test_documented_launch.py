@@ -160,21 +160,25 @@ def _deployment_guides_pair_serves(request: str, logs: Path) -> None:
     assert not log_dir.exists(), f"{log_dir} is in the way; remove it to run this test"
     up = start_block("deploy-up", up_block, 8000, logs)
     try:
-        serve.wait_ready([up], timeout_s=600)
-        _assert_completion(run_block(request, timeout_s=120))
-        engines = json.loads((log_dir / "deployment.json").read_text())
-        assert list(engines) == ["ffn0", "attention0"], engines
-    finally:
-        os.killpg(up.process.pid, signal.SIGINT)
         try:
-            code = up.process.wait(120)
+            serve.wait_ready([up], timeout_s=600)
+            _assert_completion(run_block(request, timeout_s=120))
+            engines = json.loads((log_dir / "deployment.json").read_text())
+            assert list(engines) == ["ffn0", "attention0"], engines
         finally:
-            serve.stop(up)
-    output = up.log.read_text(errors="replace")
-    assert code == 0, output[-3000:]
-    assert "send requests to http://127.0.0.1:8000/v1/ (attention0)" in output, output[-3000:]
-    assert output.index("stopping attention0") < output.index("stopping ffn0"), output[-3000:]
-    groups = [entry["process_group"] for entry in engines.values()]
-    assert not any(serve.process_group_members(group) for group in groups)
-    assert not (log_dir / "deployment.json").exists()
-    shutil.rmtree(log_dir)
+            os.killpg(up.process.pid, signal.SIGINT)
+            try:
+                code = up.process.wait(120)  # two engines' stops, 45 s at most each
+            finally:
+                serve.stop(up)
+        output = up.log.read_text(errors="replace")
+        assert code == 0, output[-3000:]
+        assert "send requests to http://127.0.0.1:8000/v1/ (attention0)" in output, output[-3000:]
+        assert output.index("stopping attention0") < output.index("stopping ffn0"), output[-3000:]
+        groups = [entry["process_group"] for entry in engines.values()]
+        assert not any(serve.process_group_members(group) for group in groups)
+        assert not (log_dir / "deployment.json").exists()
+    finally:
+        if log_dir.exists():  # its logs go with the test's: a failed run must not block the next
+            shutil.copytree(log_dir, logs / log_dir.name, dirs_exist_ok=True)
+            shutil.rmtree(log_dir)

@@ -59,6 +59,8 @@ PROMPTS = [
 ]
 MAX_TOKENS = 16
 START_TIMEOUT_S = 600
+#: ``deploy up --timeout-s``: its engines' start, within the test's wait for it
+UP_TIMEOUT_S = str(START_TIMEOUT_S - 120)
 #: one sequence per engine step and rank, a small KV cache per Attention worker
 ENGINE_ARGS = ("--max-num-seqs", "1")
 KV_CACHE_ARGS = ("--kv-cache-memory-bytes", "128M")
@@ -203,6 +205,10 @@ class _GroupLeader:
     def poll(self) -> int | None:
         return None if serve.process_group_members(self.pid) else 0
 
+    @property
+    def returncode(self) -> int | None:  # what serve's messages name
+        return self.poll()
+
 
 def _consecutive_free_ports(count: int) -> int:
     """The first of ``count`` free ports in a row (engine i of a role serves on its table's
@@ -275,7 +281,7 @@ def _launch(topology: Topology, model: Path, logs: Path) -> Launched:
     if topology.name == "3A2F":
         with output.open("wb") as out:
             up = subprocess.Popen(
-                _deploy("up", spec, "--log-dir", log_dir),
+                _deploy("up", spec, "--log-dir", log_dir, "--timeout-s", UP_TIMEOUT_S),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -293,8 +299,9 @@ def _launch(topology: Topology, model: Path, logs: Path) -> Launched:
         launched_by: subprocess.Popen[bytes] | None = up
     else:
         launched_by = None
+        # up's own deadline first: it then stops what it started before this one kills it
         done = subprocess.run(
-            _deploy("up", spec, "--log-dir", log_dir, "--detach"),
+            _deploy("up", spec, "--log-dir", log_dir, "--detach", "--timeout-s", UP_TIMEOUT_S),
             capture_output=True,
             text=True,
             timeout=START_TIMEOUT_S,

@@ -138,3 +138,30 @@ def test_a_spec_the_manifests_cannot_follow_is_refused(
     with pytest.raises(SpecError) as raised:
         manifests(parse_spec(data))
     assert message in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("key", ["allow_unauthenticated", "auth_token_file"])
+def test_a_secret_beside_another_source_is_refused(key: str, tmp_path: Path) -> None:
+    """The pods' secret comes from the Kubernetes Secret; the workers would refuse a second
+    source, or allow_unauthenticated beside it."""
+    token = tmp_path / "token"
+    token.write_text("s" * 32)
+    token.chmod(0o600)
+    afd = {key: True if key == "allow_unauthenticated" else str(token)}
+    data = {"model": "/models/m", "afd": afd, "attention": {}, "ffn": {}, "kubernetes": CLUSTER}
+    with pytest.raises(SpecError, match=f"kubernetes.secret='demo-afd-token' with afd.{key} is"):
+        manifests(parse_spec(data))
+
+
+def test_device_resources_are_also_limits_and_the_yaml_has_no_aliases() -> None:
+    """A device plugin's resource must be a limit too, or Kubernetes refuses the pod; shared
+    dicts would come out of the YAML writer as anchors and aliases an operator must decode."""
+    import yaml
+
+    assert "limits" not in _container(_objects("1A1F")[1])["resources"]  # CPU and memory only
+    objects = manifests(load_spec(GUIDE_SPEC))
+    for workload in (o for o in objects if o["kind"] == "StatefulSet"):
+        resources = _container(workload)["resources"]
+        assert resources["limits"] == {"nvidia.com/gpu": resources["requests"]["nvidia.com/gpu"]}
+    text = yaml.safe_dump_all(objects, sort_keys=False)
+    assert "&id" not in text and "*id" not in text

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from afd_models.cli.serve import process_group_members
 from afd_models.config import Role
 from afd_models.deploy import spec as spec_module
 from afd_models.deploy.commands import deployment_commands
@@ -109,7 +112,16 @@ MINIMAL: dict[str, Any] = {"model": "/m", "attention": {}, "ffn": {}}
             {"attention": {"cpus": ["0", "1"]}},
             "attention.cpus=['0', '1'] is not allowed; allowed: one non-empty string per engine (1)",
         ),
-        ({"attention": {"api_port": 8100}}, "attention0 and ffn0 would both serve on port 8100"),
+        ({"attention": {"api_port": 8100}}, "attention0 and ffn0 would both use port 8100"),
+        (
+            {"tensor_parallel_size": 2, "afd": {"port": 65535}},
+            "afd.port=65535 with 1 FFN ranks x TP size 2 needs ports 65535..65536; allowed: "
+            "1..65535 (tensor_parallel_size=2)",
+        ),
+        (
+            {"tensor_parallel_size": 2, "afd": {"port": 8099}},
+            "ffn0 and the FFN ranks' rendezvous (afd.port=8099, 2 ports) would both use port 8100",
+        ),
         (
             {"attention": {"api_port": 65535, "engines": [1, 1]}, "ffn": {"ranks": 2}},
             "attention.api_port=65535 is not allowed with 2 engines",
@@ -131,6 +143,17 @@ MINIMAL: dict[str, Any] = {"model": "/m", "attention": {}, "ffn": {}}
             "kubernetes.nodes_per_engine=2 is not allowed: an engine spanning nodes (vLLM's "
             "multi-node tensor or pipeline parallel) needs a LeaderWorkerSet, which deploy k8s "
             "does not render; allowed: 1",
+        ),
+        (
+            {
+                "kubernetes": {
+                    "name": "d",
+                    "image": "i",
+                    "model_claim": "m",
+                    "nodes_per_engine": True,
+                }
+            },
+            "kubernetes.nodes_per_engine=True is not allowed",
         ),
     ],
 )
@@ -178,6 +201,54 @@ def test_deploy_refuses_a_spec_the_workers_would_refuse_before_anything_starts(
     err = capsys.readouterr().err
     assert "exposed.toml: " in err and "AFD_AUTH_TOKEN" in err, err
     assert not logs.exists()
+
+
+def test_up_refuses_a_log_directory_a_detached_deployment_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second ``up`` there would overwrite the first one's record, leaving ``down`` nothing
+    to stop: exit 3, naming the file and the way out, and nothing started."""
+    from afd_models.deploy.__main__ import main
+
+    spec = tmp_path / "pair.toml"
+    spec.write_text('model = "/m"\n[attention]\n[ffn]\n')
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    record = '{"ffn0": {"process_group": 1}}\n'
+    (logs / "deployment.json").write_text(record)
+    assert main(["up", str(spec), "--log-dir", str(logs)]) == 3
+    out = capsys.readouterr().out
+    assert f"{logs / 'deployment.json'} exists" in out and "deploy down SPEC" in out, out
+    assert sorted(p.name for p in logs.iterdir()) == ["deployment.json"]
+    assert (logs / "deployment.json").read_text() == record
+
+
+def test_down_stops_what_is_recorded_and_refuses_a_record_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A live process group is stopped and the record removed; a record that is not ``up``'s
+    is refused by name (exit 3) and kept."""
+    from afd_models.deploy.__main__ import main
+
+    spec = tmp_path / "pair.toml"
+    spec.write_text('model = "/m"\n[attention]\n[ffn]\n')
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    engine = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    try:
+        state = {"ffn0": {"process_group": engine.pid, "host": "127.0.0.1", "port": 1, "log": ""}}
+        (logs / "deployment.json").write_text(json.dumps(state))
+        assert main(["down", str(spec), "--log-dir", str(logs)]) == 0
+        assert engine.wait(10) is not None and not process_group_members(engine.pid)
+        assert not (logs / "deployment.json").exists()
+    finally:
+        engine.kill()
+    (logs / "deployment.json").write_text('["not", "a", "record"]')
+    assert main(["down", str(spec), "--log-dir", str(logs)]) == 3
+    assert "deployment.json is not what `up` writes" in capsys.readouterr().out
+    assert (logs / "deployment.json").exists()
 
 
 def test_the_deployment_guides_commands_run_as_written() -> None:
