@@ -241,7 +241,13 @@ def _resources(requests: Mapping[str, str]) -> Manifest:
 def _in_pod(engine: Engine, hosts: list[str]) -> Engine:
     """``engine`` as it runs in its pod: its API on every interface, its group's rendezvous at
     the FFN ranks' stable names."""
-    return replace(engine, host="0.0.0.0", binding=None, afd={**engine.afd, "ffn_hosts": hosts})
+    return replace(
+        engine,
+        host="0.0.0.0",
+        binding=None,
+        afd={**engine.afd, "ffn_hosts": hosts},
+        config=replace(engine.config, ffn_hosts=tuple(hosts)),
+    )
 
 
 def reference_errors(objects: list[Manifest]) -> list[str]:
