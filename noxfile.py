@@ -120,12 +120,12 @@ def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
         external=True,
         env={"AFD_REQUIRED_TIERS": ",".join(t for t in REQUIRED_TIERS if t in serial_tiers)},
     )
-    for version, other in others:
-        session.log(f"the {', '.join(RELEASE_TIERS)} tiers on vLLM {version} (its own CPU env)")
-        # afd_models/_generated holds one release's code: this one's for these tiers, then the
-        # primary's again for the checkout
-        _regenerate_with(session, other)
-        try:
+    # afd_models/_generated holds one release's code: each other release's for its tiers, then
+    # the primary's again, once, for the checkout
+    try:
+        for version, other in others:
+            session.log(f"the {', '.join(RELEASE_TIERS)} tiers on vLLM {version} (its own CPU env)")
+            _regenerate_with(session, other)
             session.run(
                 other,
                 "-m",
@@ -138,7 +138,8 @@ def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
                 external=True,
                 env={"AFD_REQUIRED_TIERS": ",".join(RELEASE_TIERS)},
             )
-        finally:
+    finally:
+        if others:
             _regenerate_with(session, python)
 
 
