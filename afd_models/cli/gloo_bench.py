@@ -53,6 +53,7 @@ from datetime import timedelta
 import torch
 
 from afd_models.cli.serve import free_port
+from afd_models.connectors.p2p.rendezvous import connected_to_itself
 from afd_models.connectors.p2p.wire import byte_view
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import groups
@@ -326,11 +327,15 @@ def _tcp_channel(rank: int, port: int) -> socket.socket:
         while True:
             try:
                 channel = socket.create_connection(("127.0.0.1", port), TIMEOUT_S)
-                break
             except ConnectionRefusedError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                pass
+            else:
+                if not connected_to_itself(channel):
+                    break
+                channel.close()  # TCP joined it to itself: nothing listens yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the echo side did not listen on port {port} in {TIMEOUT_S} s")
+            time.sleep(0.05)
     channel.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     channel.settimeout(TIMEOUT_S)
     return channel

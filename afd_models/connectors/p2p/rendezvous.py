@@ -26,6 +26,12 @@ PROGRESS_EVERY_S = 30.0
 PROBE_EVERY_S = 0.5
 
 
+def connected_to_itself(sock: socket.socket) -> bool:
+    """Whether a TCP connection to a local port no one listened on, made from an ephemeral port
+    equal to it, joined the socket to itself (TCP's simultaneous open)."""
+    return bool(sock.getsockname() == sock.getpeername())
+
+
 class Rendezvous:
     """Where a group meets: the FFN worker's listener on the group's address and port, where
     every step channel opens (only until the group formed), and the group's data plane."""
@@ -95,9 +101,17 @@ class Rendezvous:
             # firewall) still gets its progress lines
             wait_s = min(max(deadline - time.monotonic(), 0.01), self.progress_every_s)
             try:
-                return socket.create_connection((self.host, self.group.port), wait_s)
+                sock = socket.create_connection((self.host, self.group.port), wait_s)
             except OSError as exc:
                 last = str(exc)  # the text only: the error's frames would keep its socket alive
+            else:
+                if not connected_to_itself(sock):
+                    return sock
+                # nothing listened there yet, and the kernel picked the dialled port as this
+                # socket's own: TCP connected it to itself, which would also keep the FFN
+                # worker from binding that port
+                sock.close()
+                last = f"connected to itself on {self.where}: nothing listens there yet"
             if time.monotonic() >= deadline:
                 raise self._no_group(last)
             if time.monotonic() >= report:
@@ -165,7 +179,9 @@ def probe(host: str, port: int, timeout_s: float) -> str | None:
     """None when something accepts connections at ``host:port`` within ``timeout_s``, else why
     not."""
     try:
-        with socket.create_connection((host, port), timeout_s):
+        with socket.create_connection((host, port), timeout_s) as sock:
+            if connected_to_itself(sock):
+                return f"connected to itself on {host}:{port}: nothing listens there"
             return None
     except OSError as exc:
         return str(exc)  # the text only: the error's frames would keep its socket alive
