@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -19,18 +18,25 @@ from typing import Any
 
 import pytest
 
-from tools import gpu_bundle
-from tools.gpu_bundle import (
+from tools.gpu_bundle import build, cli, install, trim
+from tools.gpu_bundle.install import HostFacts
+from tools.gpu_bundle.manifest import (
+    FORMAT,
+    MIB,
     BundleError,
     BundleSpec,
+    DroppedDist,
     HostDist,
-    HostFacts,
     Manifest,
     ResolvedWheel,
+    Stripped,
     WheelInfo,
     WheelRole,
+    compatible_platforms,
 )
 from tools.harness.processes import REPO_ROOT
+
+from .gpu_fakes import FAKE_TORCH, tiny_wheel, write_packages
 
 #: the command as documented, run from the repository root
 COMMAND = [sys.executable, "-m", "tools.gpu_bundle"]
@@ -39,16 +45,20 @@ SPEC = BundleSpec("0.26.0", "2.11.0", "3.12", "manylinux_2_31_x86_64")
 PART_BYTES = 2048
 
 
-def _fake_wheels(directory: Path, sizes: tuple[int, ...] = (3000, 5000, 1500)) -> list[WheelInfo]:
+def _fake_wheels(
+    directory: Path, sizes: tuple[int, ...] = (3000, 5000, 1500)
+) -> list[tuple[WheelInfo, Path]]:
+    """Random bytes under wheel names: parts and assembly never open a wheel."""
     directory.mkdir(parents=True, exist_ok=True)
-    infos = []
+    wheels = []
     for i, size in enumerate(sizes):
         data = random.Random(i).randbytes(size)
-        filename = f"pkg{i}-1.{i}-py3-none-any.whl"
-        (directory / filename).write_bytes(data)
+        path = directory / f"pkg{i}-1.{i}-py3-none-any.whl"
+        path.write_bytes(data)
         sha = hashlib.sha256(data).hexdigest()
-        infos.append(WheelInfo(filename, f"pkg{i}", f"1.{i}", sha, size, WheelRole.REQUIRED))
-    return infos
+        info = WheelInfo(path.name, f"pkg{i}", f"1.{i}", sha, size, WheelRole.REQUIRED, "traced")
+        wheels.append((info, path))
+    return wheels
 
 
 @dataclasses.dataclass
@@ -61,17 +71,17 @@ class Packed:
 @pytest.fixture
 def packed(tmp_path: Path) -> Packed:
     wheels_dir = tmp_path / "wheels"
-    infos = _fake_wheels(wheels_dir)
     out = tmp_path / "out"
-    manifest = gpu_bundle.pack_bundle(
-        infos,
-        wheels_dir,
+    packed = build.pack_bundle(
+        _fake_wheels(wheels_dir),
         out,
         SPEC,
         part_bytes=PART_BYTES,
         host_provided=[HostDist("torch", "2.11.0")],
+        dropped=[DroppedDist("tilelang", "0.1.9", 45_000_000, "never imported")],
+        stripped=[Stripped("pkg0-1.0-py3-none-any.whl", "pkg0/x[.]so", 1, 99, "sm100 only")],
     )
-    return Packed(wheels_dir, out, manifest)
+    return Packed(wheels_dir, out, packed)
 
 
 # --------------------------------------------------------------------------- parts and manifest
@@ -80,7 +90,7 @@ def packed(tmp_path: Path) -> Packed:
 def test_round_trip(packed: Packed, tmp_path: Path) -> None:
     """assemble gives back exactly the packed wheels, byte for byte, and nothing else."""
     into = tmp_path / "into"
-    paths = gpu_bundle.assemble(packed.out, into)
+    paths = install.assemble(packed.out, into)
     assert [p.name for p in paths] == [w.filename for w in packed.manifest.wheels]
     for path in paths:
         assert path.read_bytes() == (packed.wheels_dir / path.name).read_bytes()
@@ -101,25 +111,31 @@ def test_parts_respect_the_limit(packed: Packed) -> None:
 def test_manifest_on_disk(packed: Packed) -> None:
     """manifest.json carries the spec, wheels, parts and archive, and reads back unchanged."""
     data = json.loads((packed.out / "manifest.json").read_text())
-    assert data["format"] == gpu_bundle.FORMAT
+    assert data["format"] == FORMAT
     assert (data["vllm_version"], data["python_version"], data["platform"]) == (
         "0.26.0",
         "3.12",
         "manylinux_2_31_x86_64",
     )
     assert {w["name"] for w in data["wheels"]} == {"pkg0", "pkg1", "pkg2"}
-    assert set(data["wheels"][0]) == {"filename", "name", "version", "sha256", "size", "role"}
+    assert set(data["wheels"][0]) == {
+        "filename", "name", "version", "sha256", "size", "role", "why", "stripped_from",
+    }  # fmt: skip
     assert set(data["parts"][0]) == {"filename", "size", "sha256"}
-    assert gpu_bundle.read_manifest(packed.out) == packed.manifest
+    assert data["dropped"] == [
+        {"name": "tilelang", "version": "0.1.9", "size": 45_000_000, "why": "never imported"}
+    ]
+    assert data["stripped"][0]["pattern"] == "pkg0/x[.]so" and data["stripped"][0]["files"] == 1
+    assert data["sizes"] == {"wheels": 9500, "dropped": 45_000_000, "stripped": 99}
+    assert install.read_manifest(packed.out) == packed.manifest
 
 
 def test_archive_is_reproducible(packed: Packed, tmp_path: Path) -> None:
     """Packing the same wheels again gives the same archive and parts, and removes stale parts."""
     (tmp_path / "again").mkdir()
     (tmp_path / "again" / "bundle.part099").write_bytes(b"stale")
-    again = gpu_bundle.pack_bundle(
-        packed.manifest.wheels, packed.wheels_dir, tmp_path / "again", SPEC, part_bytes=PART_BYTES
-    )
+    wheels = [(w, packed.wheels_dir / w.filename) for w in packed.manifest.wheels]
+    again = build.pack_bundle(wheels, tmp_path / "again", SPEC, part_bytes=PART_BYTES)
     assert again.archive_sha256 == packed.manifest.archive_sha256
     assert again.parts == packed.manifest.parts
     assert not (tmp_path / "again" / "bundle.part099").exists()
@@ -158,7 +174,7 @@ DAMAGE = [
     ),
     pytest.param(
         _edit_manifest(lambda d: d.update(format="other/1")),
-        ["format 'other/1' is not 'afd-gpu-bundle/1'"],
+        ["format 'other/1' is not 'afd-gpu-bundle/2'"],
         id="format",
     ),
     pytest.param(
@@ -188,7 +204,7 @@ def test_damage_is_named(
     damage(packed.out)
     into = tmp_path / "into"
     with pytest.raises(BundleError) as caught:
-        gpu_bundle.assemble(packed.out, into)
+        install.assemble(packed.out, into)
     for message in messages:
         assert message in str(caught.value)
     assert not into.exists() or not any(into.iterdir())
@@ -199,19 +215,19 @@ def test_every_bad_part_is_named(packed: Packed, tmp_path: Path) -> None:
     _flip_byte(packed.out)
     (packed.out / "bundle.part003").write_bytes(b"x" * PART_BYTES)
     with pytest.raises(BundleError) as caught:
-        gpu_bundle.assemble(packed.out, tmp_path / "into")
+        install.assemble(packed.out, tmp_path / "into")
     for part in (packed.manifest.parts[1], packed.manifest.parts[3]):
         assert f"{part.filename} has sha256" in str(caught.value)
         assert f"expected {part.sha256}" in str(caught.value)
 
 
-@pytest.mark.parametrize("part_bytes", [0, -1, 60 * gpu_bundle.MIB + 1])
+@pytest.mark.parametrize("part_bytes", [0, -1, 64 * MIB + 1])
 def test_split_refuses_bad_sizes(tmp_path: Path, part_bytes: int) -> None:
-    """split_parts takes 1 byte to 60 MiB per part, nothing else."""
+    """split_parts takes 1 byte to one 64 MiB transfer per part, nothing else."""
     archive = tmp_path / "archive.tar"
     archive.write_bytes(b"x" * 100)
     with pytest.raises(BundleError, match=f"part_bytes={part_bytes} is outside the allowed range"):
-        gpu_bundle.split_parts(archive, tmp_path, part_bytes)
+        build.split_parts(archive, tmp_path, part_bytes)
 
 
 # --------------------------------------------------------------------------- resolution
@@ -231,7 +247,7 @@ def test_plan_leaves_torch_closure_to_the_host() -> None:
         "vllm==0.26.0", "torch==2.11.0", "numpy==2.3.5", "setuptools==80.9.0", "sympy==1.14"
     )
     torch = _closure("torch==2.11.0", "setuptools==81.0.0", "sympy==1.14", "triton==3.6.0")
-    plan = gpu_bundle.plan_bundle(vllm, torch, SPEC)
+    plan = build.plan_bundle(vllm, torch, SPEC)
     assert [(w.name, w.version, w.role) for w in plan.wheels] == [
         ("numpy", "2.3.5", WheelRole.REQUIRED),
         ("setuptools", "80.9.0", WheelRole.ALTERNATE),
@@ -250,7 +266,7 @@ def test_plan_refuses_another_torch() -> None:
     with pytest.raises(
         BundleError, match=r"resolved torch 2\.10\.0, but the GPU host has torch 2\.11\.0"
     ):
-        gpu_bundle.plan_bundle(
+        build.plan_bundle(
             _closure("vllm==0.26.0", "torch==2.10.0"), _closure("torch==2.11.0"), SPEC
         )
 
@@ -270,7 +286,7 @@ def _report(environment: dict[str, str], archive_info: dict[str, Any]) -> dict[s
 def test_report_is_read_by_canonical_name() -> None:
     """A pip report maps canonical names to version, file name, URL and sha256."""
     report = _report(ENVIRONMENT, {"hashes": {"sha256": "b" * 64}})
-    assert gpu_bundle.read_report(report, SPEC, "vllm") == {
+    assert build.read_report(report, SPEC, "vllm") == {
         "jinja2": ResolvedWheel(
             "jinja2",
             "3.1.6",
@@ -302,16 +318,16 @@ def test_report_is_refused(
 ) -> None:
     """Markers evaluated for another Python or machine, or a wheel without a hash, stop the build."""
     with pytest.raises(BundleError, match=message):
-        gpu_bundle.read_report(_report(environment, archive_info), SPEC, "vllm")
+        build.read_report(_report(environment, archive_info), SPEC, "vllm")
 
 
 def test_compatible_platforms() -> None:
     """A manylinux tag brings every older tag of its architecture, newest first, and no newer one."""
-    tags = gpu_bundle.compatible_platforms("manylinux_2_31_x86_64")
+    tags = compatible_platforms("manylinux_2_31_x86_64")
     assert tags[:2] == ["manylinux_2_31_x86_64", "manylinux_2_30_x86_64"]
     assert {"manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
     assert "manylinux_2_32_x86_64" not in tags and len(tags) == (31 - 5 + 1) + 3
-    legacy = gpu_bundle.compatible_platforms("manylinux2014_aarch64")
+    legacy = compatible_platforms("manylinux2014_aarch64")
     assert legacy[0] == "manylinux_2_17_aarch64" and "manylinux_2_18_aarch64" not in legacy
 
 
@@ -319,7 +335,7 @@ def test_compatible_platforms() -> None:
 def test_non_manylinux_platform_is_refused(tag: str) -> None:
     """Only manylinux tags are accepted, and the error names the value and the allowed forms."""
     with pytest.raises(BundleError, match=f"--platform '{tag}' is not a manylinux tag; allowed"):
-        gpu_bundle.compatible_platforms(tag)
+        compatible_platforms(tag)
 
 
 # --------------------------------------------------------------------------- host checks
@@ -345,7 +361,11 @@ GOOD_HOST = HostFacts("3.12", "cpython", ("glibc", "2.35"), "x86_64", "2.11.0+cu
             {"machine": "aarch64"},
             "the bundle is for x86_64 (manylinux_2_31_x86_64), this machine is aarch64",
         ),
-        ({"torch_version": "2.10.0"}, "the bundle needs torch 2.11.x, this host has 2.10.0"),
+        (
+            {"torch_version": "2.10.0"},
+            "the bundle needs torch 2.11.x (it was built for torch 2.11.0), this host has torch "
+            "2.10.0",
+        ),
         (
             {"torch_version": None, "torch_error": "ModuleNotFoundError: No module named 'torch'"},
             "`import torch` failed (ModuleNotFoundError: No module named 'torch')",
@@ -354,7 +374,7 @@ GOOD_HOST = HostFacts("3.12", "cpython", ("glibc", "2.35"), "x86_64", "2.11.0+cu
 )
 def test_host_problems(change: dict[str, Any], message: str | None) -> None:
     """Each way a host does not fit is reported on its own; a fitting host has no problems."""
-    problems = gpu_bundle.host_problems(_manifest(), dataclasses.replace(GOOD_HOST, **change))
+    problems = install.host_problems(_manifest(), dataclasses.replace(GOOD_HOST, **change))
     if message is None:
         assert problems == []
     else:
@@ -404,67 +424,55 @@ def test_the_install_the_gpu_check_calls_needs_only_the_standard_library() -> No
     assert result.stdout.split() == ["install_bundle"]
 
 
+#: the largest part that fits beside this checkout in one 64 MiB transfer
+LARGEST_PART_MIB = (64 * MIB - build.measure_checkout()) // MIB
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("0", "0 is outside the allowed range 1..60"),
-        ("61", "61 is outside the allowed range 1..60"),
-        ("-3", "-3 is outside the allowed range 1..60"),
-        ("abc", "'abc' is not a whole number (allowed: 1..60)"),
+        ("0", "--part-mib 0 does not fit"),
+        ("-3", "--part-mib -3 does not fit"),
+        (str(LARGEST_PART_MIB + 1), f"--part-mib {LARGEST_PART_MIB + 1} does not fit"),
+        ("64", "--part-mib 64 does not fit"),
+        ("abc", "argument --part-mib: 'abc' is not a whole number of MiB"),
     ],
 )
-def test_bad_part_mib_is_refused(tmp_path: Path, value: str, message: str) -> None:
-    """A --part-mib outside 1..60 stops the build before anything runs (a usage error, exit 3),
-    naming flag, value and range."""
+def test_a_part_that_cannot_fit_beside_the_checkout_is_refused(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    """A --part-mib that does not leave room for the checkout in a 64 MiB transfer stops the
+    build before anything runs (a usage error, exit 3), naming the value and the range."""
     result = subprocess.run(
-        [
-            *COMMAND,
-            "build",
-            "--out",
-            str(tmp_path / "out"),
-            f"--part-mib={value}",
-        ],
+        [*COMMAND, "build", "--out", str(tmp_path / "out"), f"--part-mib={value}"],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=REPO_ROOT,
     )
-    assert result.returncode == 3
-    assert f"argument --part-mib: {message}" in result.stderr
+    assert result.returncode == 3, result.stderr
+    assert message in result.stderr
+    if value != "abc":
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.endswith(f"allowed: 1..{LARGEST_PART_MIB}") and "the checkout takes" in last
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("value", ["1", "60"])
-def test_part_mib_range_is_inclusive(value: str) -> None:
-    """1 and 60 MiB are accepted and become bytes."""
-    args = gpu_bundle.build_parser().parse_args(["build", "--out", "x", "--part-mib", value])
-    assert args.part_bytes == int(value) * gpu_bundle.MIB
+def test_the_default_part_fits_beside_this_checkout() -> None:
+    """48 MiB parts leave room for the checkout (tracked and untracked files and the generated
+    code, about 11 MiB); this fails once the checkout outgrows 16 MiB."""
+    checkout = build.measure_checkout()
+    generated = sum(p.stat().st_size for p in (REPO_ROOT / build.GENERATED).rglob("*.py"))
+    assert generated > 0 and checkout > generated + (REPO_ROOT / "README.md").stat().st_size
+    default = cli.build_parser().parse_args(["build", "--out", "x"]).part_bytes
+    assert default == 48 * MIB
+    build.check_part_bytes(default, checkout)
+    build.check_part_bytes(LARGEST_PART_MIB * MIB, checkout)
+    with pytest.raises(BundleError, match=f"allowed: 1..{LARGEST_PART_MIB}$"):
+        build.check_part_bytes((LARGEST_PART_MIB + 1) * MIB, checkout)
 
 
 # --------------------------------------------------------------------------- install, offline
-
-
-def _tiny_wheel(directory: Path, name: str, version: str) -> WheelInfo:
-    """A real (empty) wheel pip can install."""
-    info = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": b"",
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
-    wheel = directory / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    data = wheel.read_bytes()
-    return WheelInfo(
-        wheel.name, name, version, hashlib.sha256(data).hexdigest(), len(data), WheelRole.REQUIRED
-    )
 
 
 def _install(parts: Path, target: Path, fake_torch: Path) -> subprocess.CompletedProcess[str]:
@@ -481,12 +489,10 @@ def _install(parts: Path, target: Path, fake_torch: Path) -> subprocess.Complete
 
 @pytest.fixture
 def host_bundle(tmp_path: Path) -> tuple[Path, Path]:
-    """Parts of a bundle of one tiny ``vllm`` wheel for this interpreter, and a fake torch 2.11."""
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "torch" / "torch" / "__init__.py").parent.mkdir()
-    (tmp_path / "torch" / "torch" / "__init__.py").write_text('__version__ = "2.11.0"\n')
+    """Parts of a bundle of one tiny ``vllm`` wheel for this interpreter that requires a
+    distribution the bundle left out, and a fake torch 2.11."""
+    fake_torch = write_packages(tmp_path / "torch", FAKE_TORCH)
     wheels = tmp_path / "wheels"
-    wheels.mkdir()
     # a version no environment has, so pip must take it from the bundle
     spec = BundleSpec(
         "0.0.1.dev7",
@@ -494,18 +500,27 @@ def host_bundle(tmp_path: Path) -> tuple[Path, Path]:
         f"{sys.version_info[0]}.{sys.version_info[1]}",
         f"manylinux_2_17_{platform.machine()}",
     )
-    info = _tiny_wheel(wheels, "vllm", spec.vllm_version)
-    gpu_bundle.pack_bundle([info], wheels, tmp_path / "parts", spec, part_bytes=4096)
-    return tmp_path / "parts", tmp_path / "torch"
+    info = tiny_wheel(wheels, "vllm", spec.vllm_version, requires=["tilelang==0.1.9"])
+    dropped = [DroppedDist("tilelang", "0.1.9", 45_000_000, "never imported")]
+    build.pack_bundle(
+        [(info, wheels / info.filename)],
+        tmp_path / "parts",
+        spec,
+        part_bytes=4096,
+        dropped=dropped,
+    )
+    return tmp_path / "parts", fake_torch
 
 
 def test_install_into_target_offline(host_bundle: tuple[Path, Path], tmp_path: Path) -> None:
-    """install --target puts the bundle's vllm there with pip offline; a rerun does nothing."""
+    """install --target puts exactly the bundle's wheels there with pip offline, without what
+    they require and the bundle left out; a rerun does nothing."""
     parts, fake_torch = host_bundle
     target = tmp_path / "target"
     first = _install(parts, target, fake_torch)
     assert first.returncode == 0, first.stderr
     assert (target / "vllm-0.0.1.dev7.dist-info" / "METADATA").is_file()
+    assert not any(path.name.startswith("tilelang") for path in target.iterdir())
     assert "already holds this bundle" not in first.stderr
     second = _install(parts, target, fake_torch)
     assert second.returncode == 0, second.stderr
@@ -524,3 +539,124 @@ def test_install_refuses_another_python(host_bundle: tuple[Path, Path], tmp_path
     assert "the bundle is for CPython 3.99" in result.stderr
     assert "python -m tools.gpu_bundle install: error: this host cannot take" in result.stderr
     assert not (tmp_path / "target").exists()
+
+
+def test_another_torch_is_refused_before_any_assembly(
+    host_bundle: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A host whose torch is not the bundle's is refused at once, naming both versions, before a
+    part is read: with a part missing, the torch is what the error names."""
+    parts, fake_torch = host_bundle
+    (parts / "bundle.part000").unlink()
+    env = {"FAKE_TORCH_VERSION": "2.10.0+cu126"}
+    result = subprocess.run(
+        [*COMMAND, "install", "--parts", str(parts), "--target", str(tmp_path / "target")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(fake_torch), **env},
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 3
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith(
+        "the bundle needs torch 2.11.x (it was built for torch 2.11.0), this host has torch "
+        "2.10.0+cu126"
+    )
+    assert "missing" not in result.stderr and not (tmp_path / "target").exists()
+
+
+# --------------------------------------------------------------------------- what the check needs
+
+
+def _wheel_info(name: str, role: WheelRole = WheelRole.REQUIRED, size: int = 1000) -> WheelInfo:
+    return WheelInfo(f"{name}-1.0-py3-none-any.whl", name, "1.0", "a" * 64, size, role)
+
+
+def test_the_bundle_keeps_what_the_check_imports_and_says_why_it_drops_the_rest() -> None:
+    """Traced distributions, vLLM's CUDA-path imports and its Python 3.12-only requirements are
+    kept, each with why; the rest is dropped with its size and why: optional imports the check
+    never uses, alternates wanted only by what was dropped, and what nothing imports."""
+    kept, dropped = trim.select(
+        [
+            _wheel_info("vllm"),
+            _wheel_info("flashinfer-python"),
+            _wheel_info("six"),
+            _wheel_info("setuptools", WheelRole.ALTERNATE),
+            _wheel_info("cuda-bindings", WheelRole.ALTERNATE),
+            _wheel_info("opencv-python-headless", size=63_000_000),
+            _wheel_info("tilelang", size=45_000_000),
+        ]
+    )
+    assert {w.name: w.why for w in kept} == {
+        "vllm": trim.TRACED_WHY,
+        "flashinfer-python": trim.CUDA_PATH["flashinfer-python"],
+        "six": "vLLM requires six on Python > 3.11",
+        "setuptools": "vLLM requires setuptools<81 on Python > 3.11; torch's closure has 81",
+    }
+    assert dropped == [
+        DroppedDist("cuda-bindings", "1.0", 1000, trim.ALTERNATE_WHY),
+        DroppedDist(
+            "opencv-python-headless", "1.0", 63_000_000, trim.OPTIONAL["opencv-python-headless"]
+        ),
+        DroppedDist("tilelang", "1.0", 45_000_000, trim.DROPPED_WHY),
+    ]
+    assert "opencv-python-headless" in trim.TRACED  # imported by the trace, yet not needed
+
+
+VLLM_FILES = {
+    "vllm/__init__.py": "",
+    "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": "fa2" * 1000,
+    "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": "fa3",
+    "vllm/vllm-rs": "rust",
+    "vllm/third_party/fmha_sm100/__init__.py": "",
+    "vllm/third_party/fmha_sm100/cute/kernel.py": "",
+    "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so": "311",
+    "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so": "312",
+}
+
+
+def test_stripping_removes_what_an_sm90_check_never_loads(tmp_path: Path) -> None:
+    """FA2, the Rust frontend, the SM100 kernels and DeepGEMM for other Pythons go, with their
+    RECORD lines; the rest keeps its bytes and permissions, and pip installs the result."""
+    info = tiny_wheel(
+        tmp_path / "in",
+        "vllm",
+        "0.26.0",
+        VLLM_FILES,
+        executable={"vllm/vllm-rs", "vllm/__init__.py"},
+    )
+    source = tmp_path / "in" / info.filename
+    removed, summary = trim.files_to_strip(source, trim.strip_rules(SPEC)["vllm"])
+    assert sorted(removed) == [
+        "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so",
+        "vllm/third_party/fmha_sm100/__init__.py",
+        "vllm/third_party/fmha_sm100/cute/kernel.py",
+        "vllm/vllm-rs",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+    ]
+    assert sorted((s.pattern, s.files) for s in summary) == [
+        (r"vllm/third_party/deep_gemm/_C\.cpython-(?!312-)\d+-[^/]*\.so", 1),
+        ("vllm/third_party/fmha_sm100/.*", 2),
+        ("vllm/vllm-rs", 1),
+        (r"vllm/vllm_flash_attn/_vllm_fa2_C\.abi3\.so", 1),
+    ]
+    assert all(s.wheel == info.filename and s.size > 0 and s.why for s in summary)
+    dest = tmp_path / "out" / info.filename
+    trim.strip_wheel(source, dest, removed)
+    with zipfile.ZipFile(dest) as stripped, zipfile.ZipFile(source) as original:
+        names = set(stripped.namelist())
+        assert names == set(original.namelist()) - set(removed)
+        record = stripped.read("vllm-0.26.0.dist-info/RECORD").decode()
+        assert not any(path in record for path in removed) and "_vllm_fa3_C" in record
+        for name in names - {"vllm-0.26.0.dist-info/RECORD"}:
+            assert stripped.read(name) == original.read(name)
+            assert stripped.getinfo(name).external_attr == original.getinfo(name).external_attr
+    target = tmp_path / "target"
+    pip = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
+    result = subprocess.run(
+        [*pip, "--target", str(target), str(dest)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert (target / "vllm" / "vllm_flash_attn" / "_vllm_fa3_C.abi3.so").is_file()
+    assert not (target / "vllm" / "vllm-rs").exists()

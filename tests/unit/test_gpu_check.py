@@ -17,7 +17,7 @@ import pytest
 
 from afd_models.worker_config import MODEL_RUNNER_V2_FROM
 from tools import gpu_check
-from tools.gpu_bundle import install as bundle_install
+from tools.gpu_bundle.install import install as bundle_install
 from tools.gpu_bundle.manifest import BundleError
 from tools.gpu_check import Gate, HostInfo, ModeStatus, NcclStatus, PairResult, Setup
 from tools.gpu_check.child import exchange_latency

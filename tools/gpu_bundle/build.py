@@ -1,5 +1,6 @@
 """Building a bundle on a networked machine: resolve vLLM's closure and torch's (once per spec),
-download the wheels (once each), pack them into one tar and cut it into parts."""
+download the wheels (once each), keep what the check imports (:mod:`tools.gpu_bundle.trim`),
+pack them into one tar and cut it into parts that fit beside the checkout in one transfer."""
 
 from __future__ import annotations
 
@@ -19,21 +20,24 @@ from typing import Any
 
 from codegen.fetch import FetchError, ReleaseFile, cache_root, download, normalize_name, sha256_file
 from tools.gpu_bundle.manifest import (
+    DEFAULT_PART_MIB,
     MANIFEST_NAME,
-    MAX_PART_MIB,
     MIB,
     PART_NAME,
     PART_PREFIX,
     PIP_TIMEOUT_S,
     PROBE_TIMEOUT_S,
     RESOLUTION_REVISION,
+    TRANSFER_MIB,
     BundleError,
     BundleSpec,
+    DroppedDist,
     HostDist,
     Manifest,
     PartInfo,
     Plan,
     ResolvedWheel,
+    Stripped,
     WheelInfo,
     WheelRole,
     check_spec,
@@ -42,7 +46,53 @@ from tools.gpu_bundle.manifest import (
     mib,
     platform_glibc,
 )
+from tools.gpu_bundle.trim import files_to_strip, select, strip_rules, strip_wheel
 from tools.harness.cli import write_atomic
+from tools.harness.processes import REPO_ROOT
+
+#: the generated code, which is not committed but travels with the checkout
+GENERATED = Path("afd_models") / "_generated"
+
+
+# --------------------------------------------------------------------------- part size
+
+
+def measure_checkout(root: Path = REPO_ROOT) -> int:
+    """Bytes the checkout adds to each transfer: the files git tracks or does not ignore, and the
+    generated code (ignored, carried on purpose)."""
+    try:
+        listed = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=PROBE_TIMEOUT_S,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BundleError(f"cannot list the checkout's files in {root} with git: {exc}") from exc
+    paths = [root / name for name in listed.decode().split("\0") if name]
+    paths += [p for p in (root / GENERATED).rglob("*") if "__pycache__" not in p.parts]
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def check_part_bytes(part_bytes: int, checkout_bytes: int) -> None:
+    """Refuse a part that does not fit beside the checkout in one transfer, naming the range."""
+    largest = (TRANSFER_MIB * MIB - checkout_bytes) // MIB
+    if not 1 <= part_bytes <= largest * MIB:
+        raise BundleError(
+            f"--part-mib {part_bytes / MIB:g} does not fit: each transfer carries at most "
+            f"{TRANSFER_MIB} MiB, the checkout takes {mib(checkout_bytes)} of it (tracked and "
+            f"untracked files and {GENERATED}); allowed: 1..{largest}"
+        )
+
 
 # --------------------------------------------------------------------------- resolve
 
@@ -211,9 +261,9 @@ def write_archive(wheels: Sequence[Path], archive: Path) -> None:
 
 def split_parts(archive: Path, out_dir: Path, part_bytes: int) -> list[PartInfo]:
     """Cut ``archive`` into ``bundle.part000``, ``bundle.part001``, ... of at most ``part_bytes``."""
-    if not 1 <= part_bytes <= MAX_PART_MIB * MIB:
+    if not 1 <= part_bytes <= TRANSFER_MIB * MIB:
         raise BundleError(
-            f"part_bytes={part_bytes} is outside the allowed range 1..{MAX_PART_MIB * MIB}"
+            f"part_bytes={part_bytes} is outside the allowed range 1..{TRANSFER_MIB * MIB}"
         )
     parts: list[PartInfo] = []
     with archive.open("rb") as source:
@@ -228,36 +278,41 @@ def split_parts(archive: Path, out_dir: Path, part_bytes: int) -> list[PartInfo]
 
 
 def pack_bundle(
-    wheels: Sequence[WheelInfo],
-    wheels_dir: Path,
+    wheels: Sequence[tuple[WheelInfo, Path]],
     out_dir: Path,
     spec: BundleSpec,
     *,
     part_bytes: int,
     host_provided: Sequence[HostDist] = (),
+    dropped: Sequence[DroppedDist] = (),
+    stripped: Sequence[Stripped] = (),
 ) -> Manifest:
-    """Write the parts and ``manifest.json`` (last, so a crashed build leaves no manifest)."""
+    """Write the parts of ``wheels`` (each with its file) and ``manifest.json`` (last, so a
+    crashed build leaves no manifest)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.iterdir():
         if stale.name == MANIFEST_NAME or PART_NAME.fullmatch(stale.name):
             stale.unlink()
     archive = out_dir / ".bundle.tar.partial"
     try:
-        write_archive([wheels_dir / w.filename for w in wheels], archive)
+        write_archive([path for _, path in wheels], archive)
         archive_sha256, archive_size = sha256_file(archive), archive.stat().st_size
         log(
-            f"archive: {len(wheels)} wheels, {mib(archive_size)}; cutting into parts of <= {mib(part_bytes)}"
+            f"archive: {len(wheels)} wheels, {mib(archive_size)}; cutting into parts of <= "
+            f"{mib(part_bytes)}"
         )
         parts = split_parts(archive, out_dir, part_bytes)
     finally:
         archive.unlink(missing_ok=True)
     manifest = Manifest(
         spec=spec,
-        wheels=tuple(sorted(wheels, key=lambda w: w.filename)),
+        wheels=tuple(sorted((w for w, _ in wheels), key=lambda w: w.filename)),
         host_provided=tuple(host_provided),
         parts=tuple(parts),
         archive_sha256=archive_sha256,
         archive_size=archive_size,
+        dropped=tuple(sorted(dropped, key=lambda d: d.name)),
+        stripped=tuple(stripped),
     )
     write_atomic(
         out_dir / MANIFEST_NAME, (json.dumps(manifest.to_json(), indent=2) + "\n").encode()
@@ -269,51 +324,89 @@ def build_bundle(
     out_dir: Path,
     spec: BundleSpec,
     *,
-    part_bytes: int = MAX_PART_MIB * MIB,
+    part_bytes: int = DEFAULT_PART_MIB * MIB,
     python: Path | None = None,
+    checkout_bytes: int | None = None,
 ) -> Manifest:
-    """Resolve (once per spec), download (once per wheel), pack and split into ``out_dir``.
+    """Resolve (once per spec), download (once per wheel), keep what the check imports, strip
+    what it never loads, pack and split into ``out_dir``.
 
     Parameters:
         out_dir: where the parts and ``manifest.json`` go.
         spec: the vLLM, torch, Python and platform the bundle is for.
-        part_bytes: the largest part, in bytes.
+        part_bytes: the largest part, in bytes; it must fit beside the checkout in one transfer.
         python: interpreter of ``spec.python_version`` for pip's resolution (found if None).
+        checkout_bytes: what the checkout adds to a transfer (measured if None).
     """
     started = time.monotonic()
     check_spec(spec)
+    check_part_bytes(part_bytes, measure_checkout() if checkout_bytes is None else checkout_bytes)
     cache = cache_root() / "gpu-bundle" / spec.key
-    plan = _cached_plan(cache / "resolution.json", spec)
-    if plan is not None:
-        log(f"reusing the resolution in {cache}")
-    else:
-        interpreter = find_python(spec.python_version, python)
-        with tempfile.TemporaryDirectory(prefix="afd-gpu-bundle-") as scratch:
-            torch_closure = _pip_resolve(
-                interpreter, f"torch=={spec.torch_version}", spec, Path(scratch)
-            )
-            vllm_closure = _pip_resolve(
-                interpreter, f"vllm=={spec.vllm_version}", spec, Path(scratch)
-            )
-        plan = plan_bundle(vllm_closure, torch_closure, spec)
-        cache.mkdir(parents=True, exist_ok=True)
-        write_atomic(
-            cache / "resolution.json", json.dumps(_plan_to_json(plan, spec), indent=2).encode()
-        )
+    plan = _resolve(cache, spec, python)
     log(
         f"left to the GPU host ({len(plan.host_provided)}): "
         + ", ".join(f"{h.name} {h.version}" for h in plan.host_provided)
     )
-    for wheel in plan.wheels:
-        if wheel.role is WheelRole.ALTERNATE:
-            host = next(h.version for h in plan.host_provided if h.name == wheel.name)
-            log(
-                f"alternate: {wheel.name} {wheel.version} (torch alone resolves {host}); used only if the host's copy fails vLLM"
-            )
-    wheels_dir = cache / "wheels"
+    downloaded = _download(plan, cache / "wheels")
+    kept, dropped = select([info for info, _ in downloaded])
+    paths = {info.filename: path for info, path in downloaded}
+    files: list[tuple[WheelInfo, Path]] = []
+    stripped: list[Stripped] = []
+    rules = strip_rules(spec)
+    for info in kept:
+        path = paths[info.filename]
+        removed, summary = files_to_strip(path, rules.get(info.name, ()))
+        if removed:
+            info, path = _stripped(info, path, removed, cache / "stripped")
+            stripped += summary
+        files.append((info, path))
+    log(
+        f"the check imports {len(kept)} of {len(downloaded)} distributions; dropped "
+        f"{len(dropped)} ({mib(sum(d.size for d in dropped))}), stripped "
+        f"{sum(s.files for s in stripped)} files ({mib(sum(s.size for s in stripped))})"
+    )
+    manifest = pack_bundle(
+        files,
+        out_dir,
+        spec,
+        part_bytes=part_bytes,
+        host_provided=plan.host_provided,
+        dropped=dropped,
+        stripped=stripped,
+    )
+    log(
+        f"bundle ready in {out_dir}: {len(manifest.wheels)} wheels, {mib(manifest.archive_size)} in "
+        f"{len(manifest.parts)} parts of <= {mib(part_bytes)} ({time.monotonic() - started:.0f} s)"
+    )
+    return manifest
+
+
+def _resolve(cache: Path, spec: BundleSpec, python: Path | None) -> Plan:
+    """The cached resolution of ``spec``, or a new one (stored for the next build)."""
+    plan = _cached_plan(cache / "resolution.json", spec)
+    if plan is not None:
+        log(f"reusing the resolution in {cache}")
+        return plan
+    interpreter = find_python(spec.python_version, python)
+    with tempfile.TemporaryDirectory(prefix="afd-gpu-bundle-") as scratch:
+        torch_closure = _pip_resolve(
+            interpreter, f"torch=={spec.torch_version}", spec, Path(scratch)
+        )
+        vllm_closure = _pip_resolve(interpreter, f"vllm=={spec.vllm_version}", spec, Path(scratch))
+    plan = plan_bundle(vllm_closure, torch_closure, spec)
+    cache.mkdir(parents=True, exist_ok=True)
+    write_atomic(
+        cache / "resolution.json", json.dumps(_plan_to_json(plan, spec), indent=2).encode()
+    )
+    return plan
+
+
+def _download(plan: Plan, wheels_dir: Path) -> list[tuple[WheelInfo, Path]]:
+    """Every wheel of the plan, from the cache or the index: the dropped ones too, whose sizes
+    the manifest records."""
     cached = sum((wheels_dir / w.filename).exists() for w in plan.wheels)
-    log(f"{len(plan.wheels)} wheels for the bundle, {cached} already in {wheels_dir}")
-    infos = []
+    log(f"{len(plan.wheels)} wheels in vLLM's closure, {cached} already in {wheels_dir}")
+    downloaded = []
     for index, wheel in enumerate(plan.wheels, 1):
         release = ReleaseFile(
             wheel.name, wheel.version, wheel.filename, wheel.url, wheel.sha256, "wheel"
@@ -324,22 +417,23 @@ def build_bundle(
             path = download(release, wheels_dir, quiet=True)
         except FetchError as exc:
             raise BundleError(str(exc)) from exc
-        infos.append(
-            WheelInfo(
-                wheel.filename,
-                wheel.name,
-                wheel.version,
-                wheel.sha256,
-                path.stat().st_size,
-                wheel.role,
-            )
+        info = WheelInfo(
+            wheel.filename, wheel.name, wheel.version, wheel.sha256, path.stat().st_size, wheel.role
         )
-    log(f"{len(infos)} wheels in {wheels_dir}, {mib(sum(w.size for w in infos))}")
-    manifest = pack_bundle(
-        infos, wheels_dir, out_dir, spec, part_bytes=part_bytes, host_provided=plan.host_provided
+        downloaded.append((info, path))
+    return downloaded
+
+
+def _stripped(
+    info: WheelInfo, path: Path, removed: Sequence[str], cache: Path
+) -> tuple[WheelInfo, Path]:
+    """``path`` without the ``removed`` files, written once per wheel and set of files."""
+    key = hashlib.sha256("\n".join([info.sha256, *sorted(removed)]).encode())
+    dest = cache / key.hexdigest()[:16] / info.filename
+    if not dest.exists():
+        log(f"stripping {len(removed)} files from {info.filename}")
+        strip_wheel(path, dest, removed)
+    stripped = dataclasses.replace(
+        info, sha256=sha256_file(dest), size=dest.stat().st_size, stripped_from=info.sha256
     )
-    log(
-        f"bundle ready in {out_dir}: {len(manifest.wheels)} wheels, {mib(manifest.archive_size)} in "
-        f"{len(manifest.parts)} parts of <= {mib(part_bytes)} ({time.monotonic() - started:.0f} s)"
-    )
-    return manifest
+    return stripped, dest

@@ -14,11 +14,12 @@ from codegen.findings import CommandParser
 from tools.gpu_bundle.build import build_bundle
 from tools.gpu_bundle.install import assemble, install
 from tools.gpu_bundle.manifest import (
+    DEFAULT_PART_MIB,
     DEFAULT_PLATFORM,
     DEFAULT_PYTHON_VERSION,
-    MAX_PART_MIB,
     MIB,
     TORCH_VERSION,
+    TRANSFER_MIB,
     VLLM_VERSION,
     BundleError,
     BundleSpec,
@@ -33,19 +34,12 @@ DESCRIPTION = (
 
 
 def _part_mib(text: str) -> int:
-    """argparse type of ``--part-mib``: a whole number of MiB in 1..60, returned in bytes."""
+    """argparse type of ``--part-mib``: a whole number of MiB, returned in bytes; whether it fits
+    beside the checkout is checked before the build starts (``check_part_bytes``)."""
     try:
-        mib = int(text)
+        return int(text) * MIB
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number (allowed: 1..{MAX_PART_MIB})"
-        ) from None
-    if not 1 <= mib <= MAX_PART_MIB:
-        raise argparse.ArgumentTypeError(
-            f"{mib} is outside the allowed range 1..{MAX_PART_MIB} (MiB per part; "
-            f"{MAX_PART_MIB} MiB is the transfer limit)"
-        )
-    return mib * MIB
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             f"Resolve vllm=={VLLM_VERSION} for the GPU host's Python and platform, leave out "
             f"torch=={TORCH_VERSION} and its dependency closure (the host has them), download the "
-            "rest as wheels into the project cache (a second build downloads nothing), and write "
-            "bundle.partNNN files and manifest.json into --out."
+            "rest as wheels into the project cache (a second build downloads nothing), keep the "
+            "distributions the check imports and strip from the vllm wheel what a one-GPU sm_90 "
+            "check never loads (the manifest lists what was left out, with sizes and why), and "
+            "write bundle.partNNN files and manifest.json into --out."
         ),
     )
     build.add_argument(
@@ -84,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--part-mib",
         dest="part_bytes",
         type=_part_mib,
-        default=MAX_PART_MIB * MIB,
+        default=DEFAULT_PART_MIB * MIB,
         metavar="MIB",
-        help=f"largest part in MiB, 1..{MAX_PART_MIB} (default: {MAX_PART_MIB})",
+        help=f"largest part in MiB; a part travels with the checkout in one transfer of at most "
+        f"{TRANSFER_MIB} MiB, so at most {TRANSFER_MIB} minus the checkout (default: "
+        f"{DEFAULT_PART_MIB})",
     )
     build.add_argument(
         "--python",
@@ -108,13 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     assemble_cmd.add_argument("--into", type=Path, required=True, help="directory for the wheels")
     install_cmd = commands.add_parser(
         "install",
-        help="assemble, then pip install vllm offline (GPU host)",
+        help="assemble, then pip install the wheels offline (GPU host)",
         description=(
             "Check that this interpreter's Python version and glibc fit the bundle and that torch "
-            "2.11.x imports, assemble the parts into a temporary directory, then run pip with "
-            "--no-index. With --target, nothing in this environment changes: pip installs into "
-            "DIR3, and the caller puts DIR3 first on PYTHONPATH; a rerun with the same bundle "
-            "does nothing."
+            "2.11.x imports (before anything is assembled), assemble the parts into a temporary "
+            "directory, then install exactly the bundle's wheels with pip --no-index --no-deps "
+            "(the bundle holds what the check imports, not vLLM's whole closure). With --target, "
+            "nothing in this environment changes: pip installs into DIR3, and the caller puts "
+            "DIR3 first on PYTHONPATH; a rerun with the same bundle does nothing."
         ),
     )
     install_cmd.add_argument(

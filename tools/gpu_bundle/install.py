@@ -1,5 +1,5 @@
 """The GPU host's side of a bundle: verify and join the parts, extract exactly the manifest's
-wheels, check that this host fits the bundle, and install vLLM with pip, offline."""
+wheels, check that this host fits the bundle, and install its wheels with pip, offline."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,23 +180,25 @@ def host_problems(manifest: Manifest, facts: HostFacts) -> list[str]:
         )
     elif re.findall(r"\d+", facts.torch_version)[:2] != wanted:
         problems.append(
-            f"the bundle needs torch {'.'.join(wanted)}.x, this host has {facts.torch_version}"
+            f"the bundle needs torch {'.'.join(wanted)}.x (it was built for torch "
+            f"{spec.torch_version}), this host has torch {facts.torch_version}"
         )
     return problems
 
 
 def install(parts_dir: Path, *, target: Path | None = None) -> None:
-    """Assemble the bundle and install ``vllm`` from it with pip, offline.
+    """Assemble the bundle and install its wheels with pip, offline.
 
+    The bundle holds what the check imports, not vLLM's whole closure, so pip installs exactly
+    its wheels (``--no-deps``; ``--no-compile``: each module is compiled when first imported).
     Without ``target`` pip installs into the running interpreter's environment. With it, nothing
-    there changes: pip first resolves against the host (a dry run, so the host's copies count and
-    alternates are taken only where they fail vLLM), then installs exactly that selection into
-    ``target``. The caller then puts ``target`` first on ``PYTHONPATH`` (``sys.path`` for this
-    process, ``os.environ`` for vLLM's worker processes); ``target/bin`` holds the ``vllm`` script.
+    there changes: the caller puts ``target`` first on ``PYTHONPATH`` (``sys.path`` for this
+    process, ``os.environ`` for vLLM's worker processes); ``target/bin`` holds the scripts.
 
     Raises:
-        BundleError: the host cannot take the bundle (Python, glibc, torch), a part is missing or
-            damaged, or pip fails. Checks run before pip; the stamp is written only after success.
+        BundleError: the host cannot take the bundle (Python, glibc, torch: checked before
+            anything is assembled), a part is missing or damaged, or pip fails. The stamp is
+            written only after success.
     """
     started = time.monotonic()
     manifest = read_manifest(parts_dir)
@@ -211,58 +211,20 @@ def install(parts_dir: Path, *, target: Path | None = None) -> None:
         log(f"{target} already holds this bundle ({requirement}); nothing to do")
         return
     with tempfile.TemporaryDirectory(prefix="afd-gpu-bundle-") as scratch:
-        wheels_dir = Path(scratch) / "wheels"
-        assemble(parts_dir, wheels_dir)
-        if target is None:
-            _run_pip("install", "--no-index", "--find-links", str(wheels_dir), requirement)
-            return
-        chosen = _select_for_host(wheels_dir, requirement, Path(scratch) / "report.json")
-        if chosen:
-            log(f"installing {len(chosen)} wheels into {target}")
-            _run_pip(
-                "install",
-                "--no-index",
-                "--no-deps",
-                "--upgrade",
-                "--target",
-                str(target),
-                *map(str, chosen),
-            )
-        else:
-            log(f"this host already satisfies {requirement}; nothing to install into {target}")
-    _check_visible(target, manifest.spec.vllm_version)
-    write_atomic(target / STAMP_NAME, manifest.archive_sha256.encode())
+        wheels = assemble(parts_dir, Path(scratch) / "wheels")
+        where = [] if target is None else ["--target", str(target), "--upgrade"]
+        log(f"installing {len(wheels)} wheels into {target or sys.prefix}")
+        _run_pip(
+            "install", "--no-index", "--no-deps", "--no-compile", "--quiet", *where,
+            *map(str, wheels),
+        )  # fmt: skip
+    if target is not None:
+        _check_visible(target, manifest.spec.vllm_version)
+        write_atomic(target / STAMP_NAME, manifest.archive_sha256.encode())
     log(
-        f"installed {requirement} into {target} in {time.monotonic() - started:.0f} s: put it "
-        "first on PYTHONPATH"
+        f"installed {requirement} into {target or sys.prefix} in "
+        f"{time.monotonic() - started:.0f} s" + (": put it first on PYTHONPATH" if target else "")
     )
-
-
-def _select_for_host(wheels_dir: Path, requirement: str, report: Path) -> list[Path]:
-    """The wheels pip would install here for ``requirement``: it sees the host's distributions."""
-    command = [
-        sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-index",
-        "--find-links", str(wheels_dir), "--report", str(report), requirement,
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
-        raise BundleError(
-            f"pip cannot satisfy {requirement} on this host from the bundle (exit {result.returncode}); "
-            "the bundle leaves torch's dependencies to the host, so one named below is missing or "
-            f"at a version vLLM does not accept:\n{tail}"
-        )
-    chosen = []
-    for item in json.loads(report.read_text())["install"]:
-        path = Path(
-            urllib.request.url2pathname(urllib.parse.urlsplit(item["download_info"]["url"]).path)
-        )
-        if path.resolve().parent != wheels_dir.resolve():
-            raise BundleError(
-                f"pip chose {path}, which is not from the bundle (a find-links in pip's config?)"
-            )
-        chosen.append(path)
-    return chosen
 
 
 def _run_pip(*args: str) -> None:

@@ -14,12 +14,14 @@ from tools.harness.cli import log as harness_log
 VLLM_VERSION = "0.26.0"
 #: The torch release on the GPU host; it and its closure stay out of the bundle.
 TORCH_VERSION = "2.11.0"
-FORMAT = "afd-gpu-bundle/1"
+FORMAT = "afd-gpu-bundle/2"
 MANIFEST_NAME = "manifest.json"
 PART_PREFIX = "bundle.part"
 MIB = 1 << 20
-#: The largest file the transfer to the GPU host accepts.
-MAX_PART_MIB = 60
+#: The most one transfer to the GPU host carries: a part, the checkout and the generated code.
+TRANSFER_MIB = 64
+#: The default part: leaves 16 MiB of each transfer to the checkout (about 11 MiB today).
+DEFAULT_PART_MIB = 48
 DEFAULT_PYTHON_VERSION = "3.12"
 #: vLLM 0.26.0 needs llguidance>=1.7,<1.8, whose x86_64 wheels all need glibc 2.31.
 DEFAULT_PLATFORM = "manylinux_2_31_x86_64"
@@ -117,6 +119,35 @@ class WheelInfo:
     sha256: str
     size: int
     role: WheelRole
+    #: why the check needs it (:mod:`tools.gpu_bundle.trim`)
+    why: str = ""
+    #: the index's sha256 when files were stripped from the wheel (``Manifest.stripped``), else ""
+    stripped_from: str = ""
+
+
+@dataclass(frozen=True)
+class DroppedDist:
+    """A distribution of vLLM's closure the bundle leaves out, because the check never imports it."""
+
+    name: str
+    version: str
+    #: bytes of its wheel
+    size: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Stripped:
+    """Files one rule removed from a bundled wheel: a one-GPU sm_90 check never loads them."""
+
+    #: the wheel's file name
+    wheel: str
+    #: the rule: a regular expression the files' paths in the wheel match in full
+    pattern: str
+    files: int
+    #: compressed bytes they took in the wheel
+    size: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -138,6 +169,8 @@ class Manifest:
     parts: tuple[PartInfo, ...]
     archive_sha256: str
     archive_size: int
+    dropped: tuple[DroppedDist, ...] = ()
+    stripped: tuple[Stripped, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -145,9 +178,17 @@ class Manifest:
             **dataclasses.asdict(self.spec),
             "archive_sha256": self.archive_sha256,
             "archive_size": self.archive_size,
+            # for readers: what the bundle weighs against what it leaves out (derived, not read)
+            "sizes": {
+                "wheels": sum(w.size for w in self.wheels),
+                "dropped": sum(d.size for d in self.dropped),
+                "stripped": sum(f.size for f in self.stripped),
+            },
             "parts": [dataclasses.asdict(p) for p in self.parts],
             "wheels": [{**dataclasses.asdict(w), "role": w.role.value} for w in self.wheels],
             "host_provided": [dataclasses.asdict(h) for h in self.host_provided],
+            "dropped": [dataclasses.asdict(d) for d in self.dropped],
+            "stripped": [dataclasses.asdict(f) for f in self.stripped],
         }
 
     @classmethod
@@ -187,6 +228,8 @@ class Manifest:
                     sha256=_get(w, "sha256", str, at, SHA256_PATTERN),
                     size=_get(w, "size", int, at),
                     role=WheelRole(role),
+                    why=_get(w, "why", str, at),
+                    stripped_from=_get(w, "stripped_from", str, at),
                 )
             )
         host = tuple(
@@ -196,6 +239,25 @@ class Manifest:
             )
             for i, h in enumerate(_get(data, "host_provided", list, where))
         )
+        dropped = tuple(
+            DroppedDist(
+                _get(d, "name", str, f"{where} dropped[{i}]"),
+                _get(d, "version", str, f"{where} dropped[{i}]"),
+                _get(d, "size", int, f"{where} dropped[{i}]"),
+                _get(d, "why", str, f"{where} dropped[{i}]"),
+            )
+            for i, d in enumerate(_get(data, "dropped", list, where))
+        )
+        stripped = tuple(
+            Stripped(
+                _get(f, "wheel", str, f"{where} stripped[{i}]"),
+                _get(f, "pattern", str, f"{where} stripped[{i}]"),
+                _get(f, "files", int, f"{where} stripped[{i}]"),
+                _get(f, "size", int, f"{where} stripped[{i}]"),
+                _get(f, "why", str, f"{where} stripped[{i}]"),
+            )
+            for i, f in enumerate(_get(data, "stripped", list, where))
+        )
         return cls(
             spec=spec,
             wheels=tuple(wheels),
@@ -203,6 +265,8 @@ class Manifest:
             parts=parts,
             archive_sha256=_get(data, "archive_sha256", str, where, SHA256_PATTERN),
             archive_size=_get(data, "archive_size", int, where),
+            dropped=dropped,
+            stripped=stripped,
         )
 
 
