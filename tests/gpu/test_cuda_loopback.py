@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import pytest
 
-from tools import gpu_check
+from tools.gpu_check import host, modes, plan, runs
+from tools.gpu_check.modes import Gate, Mode
+from tools.gpu_check.runs import Setup
+from tools.gpu_check.verdict import PairResult
 from tools.harness.results import EngineResult
 
-MODES = [mode.name for mode in gpu_check.MODES if mode.no_loopback is None]
-NCCL_MODES = [mode.name for mode in gpu_check.MODES if mode.nccl]
-GATES = pytest.mark.parametrize(
-    "gate", list(gpu_check.Gate), ids=[f"gate-on-{gate.value}" for gate in gpu_check.Gate]
-)
+MODES = [mode.name for mode in modes.MODES if mode.no_loopback is None]
+NCCL_MODES = [mode.name for mode in modes.MODES if mode.nccl]
+GATES = pytest.mark.parametrize("gate", list(Gate), ids=[f"gate-on-{gate.value}" for gate in Gate])
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> gpu_check.Setup:
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     """The probed host and the tiny model, shared by every run of this module."""
-    return gpu_check.prepare(tmp_path_factory.mktemp("gpu-check"), gpu_check.base_env())
+    return host.prepare(tmp_path_factory.mktemp("gpu-check"), host.base_env())
 
 
 @pytest.fixture(scope="module")
@@ -42,30 +43,28 @@ def natives() -> dict[str, EngineResult]:
     return {}
 
 
-def _native(
-    mode: gpu_check.Mode, setup: gpu_check.Setup, natives: dict[str, EngineResult]
-) -> EngineResult:
+def _native(mode: Mode, setup: Setup, natives: dict[str, EngineResult]) -> EngineResult:
     if mode.name not in natives:
-        natives[mode.name] = gpu_check.run_native(mode, setup)
+        natives[mode.name] = runs.run_native(mode, setup)
     native = natives[mode.name]
     assert native.ok, native.error
     return native
 
 
-def _mode_for_host(name: str, setup: gpu_check.Setup) -> gpu_check.Mode:
+def _mode_for_host(name: str, setup: Setup) -> Mode:
     """The mode named ``name``; a Model Runner V2 mode is skipped on a vLLM older than 0.30."""
-    mode = gpu_check.mode_named(name)
-    too_old = gpu_check.needs_newer_vllm(mode, setup.host.vllm)
+    mode = modes.mode_named(name)
+    too_old = plan.needs_newer_vllm(mode, setup.host.vllm)
     if too_old:
         pytest.skip(too_old)
     return mode
 
 
-def _assert_passed(pair: gpu_check.PairResult, mode: gpu_check.Mode) -> None:
+def _assert_passed(pair: PairResult, mode: Mode) -> None:
     assert pair.afd.ok, pair.afd.error
     assert pair.tokens_equal, pair.problems
     assert pair.afd.counters is not None, pair.afd.counters_error
-    assert gpu_check.counter_problems(mode, pair.afd.counters) == []
+    assert modes.counter_problems(mode, pair.afd.counters) == []
     assert pair.problems == ()
 
 
@@ -73,13 +72,13 @@ def _assert_passed(pair: gpu_check.PairResult, mode: gpu_check.Mode) -> None:
 @GATES
 def test_loopback_equals_native_and_counters_fit_the_mode(
     mode_name: str,
-    gate: gpu_check.Gate,
-    setup: gpu_check.Setup,
+    gate: Gate,
+    setup: Setup,
     natives: dict[str, EngineResult],
 ) -> None:
     """Greedy tokens equal native vLLM's in the mode; the graph counters show the mode ran."""
     mode = _mode_for_host(mode_name, setup)
-    pair = gpu_check.run_pair(mode, gate, setup, _native(mode, setup, natives))
+    pair = runs.run_pair(mode, gate, setup, _native(mode, setup, natives))
     _assert_passed(pair, mode)
 
 
@@ -87,8 +86,8 @@ def test_loopback_equals_native_and_counters_fit_the_mode(
 @GATES
 def test_nccl_pair_equals_native(
     mode_name: str,
-    gate: gpu_check.Gate,
-    setup: gpu_check.Setup,
+    gate: Gate,
+    setup: Setup,
     natives: dict[str, EngineResult],
 ) -> None:
     """FFN engine on the second device, Attention on the first, over NCCL: native's tokens."""
@@ -98,6 +97,6 @@ def test_nccl_pair_equals_native(
             "cannot put two ranks of one communicator on one GPU"
         )
     mode = _mode_for_host(mode_name, setup)
-    pair = gpu_check.run_nccl_pair(mode, gate, setup, _native(mode, setup, natives))
+    pair = runs.run_nccl_pair(mode, gate, setup, _native(mode, setup, natives))
     assert pair.ffn is not None and pair.ffn.ok, pair.ffn
     _assert_passed(pair, mode)

@@ -16,22 +16,28 @@ from typing import Any
 import pytest
 
 from afd_models.worker_config import MODEL_RUNNER_V2_FROM
-from tools import gpu_check
 from tools.gpu_bundle.install import install as bundle_install
 from tools.gpu_bundle.manifest import BundleError
-from tools.gpu_check import Gate, HostInfo, ModeStatus, NcclStatus, PairResult, Setup
+from tools.gpu_check import child, cli, modes, plan, runs, verdict
+from tools.gpu_check import host as gpu_host
+from tools.gpu_check import report as gpu_report
 from tools.gpu_check.child import exchange_latency
-from tools.gpu_check.runs import CHILDREN
+from tools.gpu_check.modes import Gate
+from tools.gpu_check.report import HostInfo, ModeStatus, NcclStatus
+from tools.gpu_check.runs import CHILDREN, Setup
+from tools.gpu_check.verdict import PairResult
 from tools.harness.child import worker_classes
 from tools.harness.cli import UsageError, write_json
 from tools.harness.processes import REPO_ROOT, EngineProcess, child_env, visible_device_ids
 from tools.harness.results import MAX_TOKENS, PROMPTS, Counters, EngineResult, EngineSpec
 
+from .gpu_fakes import FAKE_TORCH, FAKE_VLLM, write_packages
+
 #: the command as documented, run from the repository root
 COMMAND = [sys.executable, "-m", "tools.gpu_check"]
-EAGER = gpu_check.mode_named("eager")
-PIECEWISE = gpu_check.mode_named("piecewise")
-FULL = gpu_check.mode_named("full-decode-only")
+EAGER = modes.mode_named("eager")
+PIECEWISE = modes.mode_named("piecewise")
+FULL = modes.mode_named("full-decode-only")
 TOKENS = tuple(tuple(range(i, i + MAX_TOKENS)) for i in range(len(PROMPTS)))
 ONE_GPU = HostInfo("3.12.3", "2.11.0+cu128", "12.8", "0.26.0", ("NVIDIA H200",), ("0",))
 #: every mode, in table order: the V1 runner's, then Model Runner V2's (no DBO there)
@@ -51,7 +57,7 @@ def _native(**changes: Any) -> EngineResult:
     base = EngineResult(
         "native",
         ok=True,
-        classes=gpu_check.NATIVE_CLASSES,
+        classes=modes.NATIVE_CLASSES,
         tokens=TOKENS,
         tokens_per_run=96,
         timed_s=(0.5, 0.4, 0.6),
@@ -59,14 +65,14 @@ def _native(**changes: Any) -> EngineResult:
     return dataclasses.replace(base, **changes)
 
 
-def _counters(mode: gpu_check.Mode, replays_per_capture: int) -> Counters:
+def _counters(mode: modes.Mode, replays_per_capture: int) -> Counters:
     """Counters that fit ``mode``: graphs and splits where it needs them, none where it must not."""
-    graphs = 4 if mode.graphs is gpu_check.Expect.POSITIVE else 0
-    splits = 3 if mode.ubatch_splits is gpu_check.Expect.POSITIVE else 0
+    graphs = 4 if mode.graphs is modes.Expect.POSITIVE else 0
+    splits = 3 if mode.ubatch_splits is modes.Expect.POSITIVE else 0
     return Counters(graphs, graphs * replays_per_capture, splits)
 
 
-def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
+def _afd(mode: modes.Mode = EAGER, **changes: Any) -> EngineResult:
     """An AFD result that passes every check of ``mode``."""
     base = EngineResult(
         "afd",
@@ -84,11 +90,11 @@ def _afd(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
     return dataclasses.replace(base, **changes)
 
 
-def _ffn(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
+def _ffn(mode: modes.Mode = EAGER, **changes: Any) -> EngineResult:
     base = EngineResult(
         "ffn",
         ok=True,
-        classes=gpu_check.FFN_CLASSES,
+        classes=modes.FFN_CLASSES,
         counters=_counters(mode, 1),
         ffn_steps=40,
     )
@@ -96,9 +102,9 @@ def _ffn(mode: gpu_check.Mode = EAGER, **changes: Any) -> EngineResult:
 
 
 def _main(
-    argv: list[str], capsys: pytest.CaptureFixture[str], host: gpu_check.Host | None = None
+    argv: list[str], capsys: pytest.CaptureFixture[str], host: cli.Host | None = None
 ) -> tuple[int, str]:
-    code = gpu_check.main(argv, host)
+    code = cli.main(argv, host)
     return code, capsys.readouterr().err
 
 
@@ -107,7 +113,7 @@ def _unreachable(*args: Any) -> Any:
 
 
 #: a host on which nothing may be reached: argument errors must stop the check before it
-UNREACHABLE = gpu_check.Host(_unreachable, _unreachable, _unreachable, None)
+UNREACHABLE = cli.Host(_unreachable, _unreachable, _unreachable, None)
 
 
 # --------------------------------------------------------------------------- command line
@@ -119,8 +125,20 @@ def test_help_exits_0_via_subprocess() -> None:
         [*COMMAND, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
     assert result.returncode == 0, result.stderr
-    for option in ("--bundle", "--only", "--gate", "--json", "full-decode-only"):
+    for option in ("--bundle", "--only", "--gate", "--json", "--deadline", "full-decode-only"):
         assert option in result.stdout
+    text = " ".join(result.stdout.split())
+    assert (
+        "Order: the modes full-decode-only, piecewise, eager (then dbo and the -v2 modes where "
+        "they run) with the gate on the FFN role, then the same with the gate on attention"
+    ) in text
+    assert "no run starts that is not expected to end within S seconds of the command's start" in (
+        text
+    )
+    assert (
+        "written as JSON after every run (atomically) to --json, default WORK_DIR/report.json"
+        in (text)
+    )
 
 
 def test_help_imports_only_the_standard_library(tmp_path: Path) -> None:
@@ -146,8 +164,28 @@ def test_help_imports_only_the_standard_library(tmp_path: Path) -> None:
         (["--only", "bogus"], ["'bogus'", "allowed: eager, piecewise, full-decode-only, dbo"]),
         (["--gate", "both-ways"], ["'both-ways'", "allowed: attention, ffn"]),
         (["--engine-timeout", "0"], ["--engine-timeout 0.0", "seconds > 0"]),
+        (
+            ["--deadline", "100"],
+            [
+                "--deadline 100 leaves no time for the first run (full-decode-only, gate on ffn: "
+                "a native and an AFD engine, expected 120 s",
+                "allowed: seconds >= 120",
+            ],
+        ),
+        (
+            ["--deadline", "50", "--only", "eager", "--gate", "attention"],
+            ["(eager, gate on attention: a native and an AFD engine, expected 60 s", ">= 60"],
+        ),
+        (["--deadline", "nan"], ["--deadline nan leaves no time"]),
     ],
-    ids=["unknown-mode", "unknown-gate", "zero-timeout"],
+    ids=[
+        "unknown-mode",
+        "unknown-gate",
+        "zero-timeout",
+        "short-deadline",
+        "short-for-eager",
+        "nan",
+    ],
 )
 def test_bad_arguments_exit_3_naming_the_value_and_the_allowed_ones(
     argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]
@@ -163,7 +201,7 @@ def test_a_malformed_command_line_exits_3(capsys: pytest.CaptureFixture[str]) ->
     """An unknown option or a missing value is a usage error: exit 3, not argparse's 2."""
     for argv in (["--no-such-option"], ["--gate"]):
         with pytest.raises(SystemExit) as caught:
-            gpu_check.main(argv, UNREACHABLE)
+            cli.main(argv, UNREACHABLE)
         assert caught.value.code == 3
         assert "python -m tools.gpu_check: error:" in capsys.readouterr().err
 
@@ -193,7 +231,7 @@ def test_a_crash_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     def crash(*args: Any) -> Setup:
         raise RuntimeError("a bug in the check")
 
-    host = gpu_check.Host(lambda: True, _unreachable, crash, None)
+    host = cli.Host(lambda: True, _unreachable, crash, None)
     code, err = _main(["--work-dir", str(tmp_path)], capsys, host)
     assert code == 3
     assert "RuntimeError: a bug in the check" in err and "internal error" in err
@@ -201,13 +239,13 @@ def test_a_crash_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_only_and_gate_select_in_table_order() -> None:
     """--only is repeatable, deduplicated and kept in table order; --gate picks one placement."""
-    args = gpu_check.build_parser().parse_args(
+    args = cli.build_parser().parse_args(
         ["--only", "full-decode-only", "--only", "eager", "--only", "eager", "--gate", "ffn"]
     )
-    options = gpu_check.options_from(args)
+    options = cli.options_from(args)
     assert [m.name for m in options.modes] == ["eager", "full-decode-only"]
     assert options.gates == (Gate.FFN,)
-    default = gpu_check.options_from(gpu_check.build_parser().parse_args([]))
+    default = cli.options_from(cli.build_parser().parse_args([]))
     assert [m.name for m in default.modes] == list(EVERY_MODE)
     assert default.gates == (Gate.ATTENTION, Gate.FFN)
 
@@ -216,11 +254,11 @@ def test_dbo_runs_in_the_nccl_pair_only_from_the_afd_section() -> None:
     """DBO is switched on by the Attention engine's AFD section, never by --enable-dbo (which
     native vLLM takes only with a DeepEP all2all backend); it must split, and the loopback pair
     refuses it with the reason."""
-    dbo = gpu_check.mode_named("dbo")
+    dbo = modes.mode_named("dbo")
     assert dbo.afd == {"dbo": True} and "enable_dbo" not in dbo.engine_args
-    assert dbo.nccl and dbo.ubatch_splits is gpu_check.Expect.POSITIVE
+    assert dbo.nccl and dbo.ubatch_splits is modes.Expect.POSITIVE
     with pytest.raises(ValueError, match="runs in the NCCL pair only: an in-process FFN half"):
-        gpu_check.run_pair(dbo, Gate.FFN, Setup(Path("/nowhere"), Path("/nowhere"), {}, ONE_GPU))
+        runs.run_pair(dbo, Gate.FFN, Setup(Path("/nowhere"), Path("/nowhere"), {}, ONE_GPU))
 
 
 def test_resolve_env_puts_the_bundle_target_and_repo_first(tmp_path: Path) -> None:
@@ -228,12 +266,10 @@ def test_resolve_env_puts_the_bundle_target_and_repo_first(tmp_path: Path) -> No
     installed: list[tuple[Path, Path]] = []
     (tmp_path / "parts").mkdir()
     (tmp_path / "parts" / "manifest.json").write_text("{}")
-    args = gpu_check.build_parser().parse_args(
+    args = cli.build_parser().parse_args(
         ["--bundle", str(tmp_path / "parts"), "--target", str(tmp_path / "site")]
     )
-    env = gpu_check.resolve_env(
-        gpu_check.options_from(args), False, lambda p, t: installed.append((p, t))
-    )
+    env = cli.resolve_env(cli.options_from(args), False, lambda p, t: installed.append((p, t)))
     assert installed == [(tmp_path / "parts", tmp_path / "site")]
     paths = env["PYTHONPATH"].split(os.pathsep)
     assert paths[:2] == [str(tmp_path / "site"), str(REPO_ROOT)]
@@ -278,12 +314,12 @@ def test_visible_device_ids(value: str | None, count: int, expected: tuple[str, 
         # piecewise: the exchange runs between pieces; graph counters are reported only
         (PIECEWISE, Counters(0, 0, 0), []),
         (PIECEWISE, Counters(5, 50, 0), []),
-        (gpu_check.mode_named("dbo"), Counters(1, 1, 0), ["ubatch_splits=0"]),
+        (modes.mode_named("dbo"), Counters(1, 1, 0), ["ubatch_splits=0"]),
     ],
 )
-def test_counter_rule(mode: gpu_check.Mode, counters: Counters, expected: list[str]) -> None:
+def test_counter_rule(mode: modes.Mode, counters: Counters, expected: list[str]) -> None:
     """A graph mode with zero captures or replays fails, as does eager with any graph or split."""
-    problems = gpu_check.counter_problems(mode, counters)
+    problems = modes.counter_problems(mode, counters)
     assert len(problems) == len(expected), problems
     for problem, text in zip(problems, expected, strict=True):
         assert text in problem and mode.name in problem
@@ -320,9 +356,7 @@ def test_counters_read_from_a_child() -> None:
 def test_a_good_run_passes() -> None:
     """Equal tokens, counters fitting the mode, an exchange and the weight budget: passed."""
     for mode in (EAGER, PIECEWISE, FULL):
-        pair = gpu_check.evaluate_pair(
-            mode, Gate.ATTENTION, gpu_check.LOOPBACK, _afd(mode), _native()
-        )
+        pair = verdict.evaluate_pair(mode, Gate.ATTENTION, modes.LOOPBACK, _afd(mode), _native())
         assert pair.problems == () and pair.passed and pair.tokens_equal
         assert pair.ratio == pytest.approx((96 / 1.0) / (96 / 0.5))
 
@@ -366,10 +400,10 @@ def test_a_good_run_passes() -> None:
     ],
 )
 def test_a_broken_run_fails_with_the_reason(
-    mode: gpu_check.Mode, afd: EngineResult, native: EngineResult, expected: str
+    mode: modes.Mode, afd: EngineResult, native: EngineResult, expected: str
 ) -> None:
     """Each broken check alone makes the run fail, and the problem says which."""
-    pair = gpu_check.evaluate_pair(mode, Gate.FFN, gpu_check.LOOPBACK, afd, native)
+    pair = verdict.evaluate_pair(mode, Gate.FFN, modes.LOOPBACK, afd, native)
     assert not pair.passed
     assert any(expected in problem for problem in pair.problems), pair.problems
 
@@ -377,7 +411,7 @@ def test_a_broken_run_fails_with_the_reason(
 def test_graph_mode_with_equal_tokens_but_no_replay_fails() -> None:
     """Equal tokens do not make a FULL_DECODE_ONLY run pass when no graph was replayed."""
     afd = _afd(FULL, counters=Counters(0, 0, 0))
-    pair = gpu_check.evaluate_pair(FULL, Gate.ATTENTION, gpu_check.LOOPBACK, afd, _native())
+    pair = verdict.evaluate_pair(FULL, Gate.ATTENTION, modes.LOOPBACK, afd, _native())
     assert pair.tokens_equal and not pair.passed
 
 
@@ -385,7 +419,7 @@ def test_nccl_pair_checks_the_ffn_engine() -> None:
     """The NCCL pair needs a live FFN engine of the right class that recorded steps and whose
     counters fit the mode; the loopback weight budget does not apply."""
     afd = _afd(budgeted_bytes=None, in_process_bytes=None)
-    good = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.NCCL, afd, _native(), _ffn())
+    good = verdict.evaluate_pair(EAGER, Gate.FFN, modes.NCCL, afd, _native(), _ffn())
     assert good.passed, good.problems
     cases = {
         "the FFN engine failed": _ffn(ok=False, error="exited with 70"),
@@ -395,7 +429,7 @@ def test_nccl_pair_checks_the_ffn_engine() -> None:
         "FFN afd_counters": _ffn(counters=None),
     }
     for expected, ffn in cases.items():
-        pair = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.NCCL, afd, _native(), ffn)
+        pair = verdict.evaluate_pair(EAGER, Gate.FFN, modes.NCCL, afd, _native(), ffn)
         assert any(expected in p for p in pair.problems), (expected, pair.problems)
 
 
@@ -425,42 +459,45 @@ class FakeRunner:
         self.pairs: list[tuple[str, Gate, EngineResult]] = []
         self.nccl: list[tuple[str, Gate, EngineResult]] = []
 
-    def run_native(self, mode: gpu_check.Mode, setup: Setup) -> EngineResult:
+    def run_native(self, mode: modes.Mode, setup: Setup) -> EngineResult:
         self.natives.append(mode.name)
         return _native(name=f"native-{mode.name}")
 
     def run_pair(
-        self, mode: gpu_check.Mode, gate: Gate, setup: Setup, native: EngineResult
+        self, mode: modes.Mode, gate: Gate, setup: Setup, native: EngineResult
     ) -> PairResult:
         self.pairs.append((mode.name, gate, native))
         afd = _afd(mode)
         if (mode.name, gate) == self.failing:
             afd = dataclasses.replace(afd, counters=Counters(0, 0, 0))
-        return gpu_check.evaluate_pair(mode, gate, gpu_check.LOOPBACK, afd, native)
+        return verdict.evaluate_pair(mode, gate, modes.LOOPBACK, afd, native)
 
     def run_nccl_pair(
-        self, mode: gpu_check.Mode, gate: Gate, setup: Setup, native: EngineResult
+        self, mode: modes.Mode, gate: Gate, setup: Setup, native: EngineResult
     ) -> PairResult:
         self.nccl.append((mode.name, gate, native))
         afd = _afd(mode, budgeted_bytes=None, in_process_bytes=None)
-        return gpu_check.evaluate_pair(mode, gate, gpu_check.NCCL, afd, native, _ffn(mode))
+        return verdict.evaluate_pair(mode, gate, modes.NCCL, afd, native, _ffn(mode))
 
 
 def _check(
     host: HostInfo, runner: FakeRunner, argv: tuple[str, ...] = (), tmp: Path = Path("/work")
-) -> gpu_check.Report:
-    options = gpu_check.options_from(gpu_check.build_parser().parse_args(list(argv)))
-    return gpu_check.check(options, Setup(tmp, tmp / "model", {}, host), runner)
+) -> gpu_report.Report:
+    options = cli.options_from(cli.build_parser().parse_args(list(argv)))
+    setup = Setup(tmp, tmp / "model", {}, host)
+    return plan.check(options.modes, options.gates, setup, nccl=options.nccl, runner=runner)
 
 
 def test_one_gpu_runs_every_mode_and_gate_once_each_and_skips_nccl() -> None:
-    """Native runs once per mode and serves both gates; DBO (NCCL pair only) is not run, not even
-    its native engine; NCCL is a labelled skip."""
+    """Most valuable first: full-decode-only, piecewise, eager with the gate on the FFN role,
+    then again with the gate on attention. Native runs once per mode, before its first AFD run,
+    and serves both gates; DBO (NCCL pair only) is not run, not even its native engine; NCCL is
+    a labelled skip."""
     runner = FakeRunner()
     report = _check(ONE_GPU, runner)
-    assert runner.natives == ["eager", "piecewise", "full-decode-only"]
+    assert runner.natives == ["full-decode-only", "piecewise", "eager"]
     assert [(m, g) for m, g, _ in runner.pairs] == [
-        (m, g) for m in runner.natives for g in (Gate.ATTENTION, Gate.FFN)
+        (m, g) for g in (Gate.FFN, Gate.ATTENTION) for m in runner.natives
     ]
     assert all(native.name == f"native-{m}" for m, _, native in runner.pairs)
     assert runner.nccl == []
@@ -477,8 +514,8 @@ def test_two_gpus_run_the_nccl_pair_against_the_same_native() -> None:
     runner = FakeRunner()
     report = _check(TWO_GPUS, runner, ("--gate", "attention"))
     assert [(m, g) for m, g, _ in runner.nccl] == [
-        ("eager", Gate.ATTENTION),
         ("full-decode-only", Gate.ATTENTION),
+        ("eager", Gate.ATTENTION),
         ("dbo", Gate.ATTENTION),
     ]
     assert all(native.name == f"native-{m}" for m, _, native in runner.nccl)
@@ -511,39 +548,158 @@ def test_model_runner_v2_modes_run_where_the_hosts_vllm_has_them() -> None:
     for name in ("eager-v2", "piecewise-v2", "full-decode-only-v2"):
         assert statuses[name].status is ModeStatus.NEEDS_NEWER_VLLM
         assert "Model Runner V2 from vLLM 0.30; this host has vLLM 0.26.0" in statuses[name].reason
-    assert "not run (vLLM 0.26.0 too old): eager-v2, piecewise-v2, full-decode-only-v2" in (
+    assert "not run (vLLM 0.26.0 too old): full-decode-only-v2, piecewise-v2, eager-v2" in (
         old_host.summary()
     )
     assert old_host.exit_code() == 0
 
     runner = FakeRunner()
     report = _check(dataclasses.replace(TWO_GPUS, vllm="0.30.0+cu130"), runner, ("--gate", "ffn"))
-    assert runner.natives == list(EVERY_MODE)
-    assert [m for m, _, _ in runner.nccl] == [
-        "eager",
+    # the loopback modes by priority (V1 before V2), then the NCCL pair's, DBO's native with it
+    assert runner.natives == [
         "full-decode-only",
-        "dbo",
-        "eager-v2",
+        "piecewise",
+        "eager",
         "full-decode-only-v2",
+        "piecewise-v2",
+        "eager-v2",
+        "dbo",
+    ]
+    assert [m for m, _, _ in runner.nccl] == [
+        "full-decode-only",
+        "eager",
+        "dbo",
+        "full-decode-only-v2",
+        "eager-v2",
     ]
     assert report.exit_code() == 0 and "too old" not in report.summary()
-    assert "== full-decode-only-v2 (" in gpu_check.render(report)
-    assert "model runner v2, loopback connector" in gpu_check.render(report)
+    assert "== full-decode-only-v2 (" in gpu_report.render(report)
+    assert "model runner v2, loopback connector" in gpu_report.render(report)
 
 
 def test_a_v2_mode_must_run_the_afd_v2_runner_and_replay_its_graphs() -> None:
     """An Attention engine that ran the V1 runner in a V2 mode tested nothing of V2."""
-    mode = gpu_check.mode_named("full-decode-only-v2")
-    assert mode.runner is gpu_check.ModelRunner.V2 and mode.graphs is gpu_check.Expect.POSITIVE
+    mode = modes.mode_named("full-decode-only-v2")
+    assert mode.runner is modes.ModelRunner.V2 and mode.graphs is modes.Expect.POSITIVE
     assert mode.runner.since == MODEL_RUNNER_V2_FROM  # the release the workers accept V2 from
-    assert "dbo-v2" not in {m.name for m in gpu_check.MODES}
-    on_v1 = _afd(mode, classes=gpu_check.ATTENTION_CLASSES)
-    pair = gpu_check.evaluate_pair(mode, Gate.FFN, gpu_check.LOOPBACK, on_v1, _native())
+    assert "dbo-v2" not in {m.name for m in modes.MODES}
+    on_v1 = _afd(mode, classes=modes.ATTENTION_CLASSES)
+    pair = verdict.evaluate_pair(mode, Gate.FFN, modes.LOOPBACK, on_v1, _native())
     assert pair.problems == (
         "the AFD engine ran AFDAttentionWorker/AFDAttentionGPUModelRunner, expected "
         "AFDAttentionWorker/AFDAttentionGPUModelRunnerV2",
     )
-    assert gpu_check.evaluate_pair(mode, Gate.FFN, gpu_check.LOOPBACK, _afd(mode), _native()).passed
+    assert verdict.evaluate_pair(mode, Gate.FFN, modes.LOOPBACK, _afd(mode), _native()).passed
+
+
+class Clock:
+    """A monotonic clock that the fake engines advance."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedRunner(FakeRunner):
+    """A FakeRunner whose engines each take their mode's expected time on ``clock``."""
+
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.clock = clock
+
+    def run_native(self, mode: modes.Mode, setup: Setup) -> EngineResult:
+        self.clock.now += mode.expected_s
+        return super().run_native(mode, setup)
+
+    def run_pair(
+        self, mode: modes.Mode, gate: Gate, setup: Setup, native: EngineResult
+    ) -> PairResult:
+        self.clock.now += mode.expected_s
+        return super().run_pair(mode, gate, setup, native)
+
+
+FFN, ATTENTION = Gate.FFN, Gate.ATTENTION
+
+
+@pytest.mark.parametrize(
+    ("seconds", "ran", "statuses", "summary"),
+    [
+        (
+            None,
+            [(m, g) for g in (FFN, ATTENTION) for m in ("full-decode-only", "piecewise", "eager")],
+            ["ran", "ran", "ran"],
+            None,
+        ),
+        (
+            190.0,
+            [("full-decode-only", FFN), ("eager", FFN)],
+            ["ran", "left out by --deadline", "ran"],
+            "left out by --deadline: piecewise, full-decode-only (gate on attention: expected 60 "
+            "s, 10 s left), eager (gate on attention: expected 30 s, 10 s left)",
+        ),
+        (
+            130.0,
+            [("full-decode-only", FFN)],
+            ["ran", "left out by --deadline", "left out by --deadline"],
+            "left out by --deadline: piecewise, eager, full-decode-only (gate on attention: "
+            "expected 60 s, 10 s left)",
+        ),
+    ],
+    ids=["no-deadline", "a-cheaper-run-still-fits", "first-run-only"],
+)
+def test_the_deadline_starts_no_run_that_would_not_finish(
+    seconds: float | None,
+    ran: list[tuple[str, Gate]],
+    statuses: list[str],
+    summary: str | None,
+) -> None:
+    """Each engine takes its mode's expected time (120 s for a compiled mode's first run, native
+    and AFD; 60 s for its second); a run that would end past the deadline is left out and said
+    so, a later one that fits still runs, and what ran decides the exit code."""
+    clock = Clock()
+    runner = TimedRunner(clock)
+    deadline = plan.Deadline(seconds, clock.now, clock)
+    setup = Setup(Path("/work"), Path("/work/model"), {}, ONE_GPU)
+    report = plan.check(
+        [modes.mode_named(m) for m in EVERY_MODE],
+        list(Gate),
+        setup,
+        deadline=deadline,
+        runner=runner,
+    )
+    assert [(m, g) for m, g, _ in runner.pairs] == ran
+    found = {entry.mode.name: entry.status.value for entry in report.modes}
+    assert [found[m] for m in ("full-decode-only", "piecewise", "eager")] == statuses
+    assert report.exit_code() == 0 and report.deadline_s == seconds
+    if summary is None:
+        assert "deadline" not in report.summary() + gpu_report.render(report)
+    else:
+        assert summary in report.summary()
+        assert "left out by --deadline" in gpu_report.render(report)
+
+
+def test_a_report_follows_every_run() -> None:
+    """on_progress gets the report after each run: unfinished, with the runs so far and the
+    modes not reached yet marked as such, so a check stopped from outside keeps them."""
+    reports: list[gpu_report.Report] = []
+    setup = Setup(Path("/work"), Path("/work/model"), {}, ONE_GPU)
+    final = plan.check(
+        [modes.mode_named(m) for m in EVERY_MODE],
+        list(Gate),
+        setup,
+        runner=FakeRunner(),
+        on_progress=reports.append,
+    )
+    assert len(reports) == 6 and not any(r.finished for r in reports) and final.finished
+    first = reports[0].as_dict()
+    assert first["finished"] is False
+    by_mode = {entry["mode"]: entry for entry in first["modes"]}
+    assert [run["gate"] for run in by_mode["full-decode-only"]["runs"]] == ["ffn"]
+    assert by_mode["piecewise"]["status"] == by_mode["eager"]["status"] == "not run yet"
+    assert first["nccl"]["status"] == "skipped"
+    assert [len(r.runs()) for r in reports] == [1, 2, 3, 4, 5, 6]
 
 
 def test_one_failed_run_makes_exit_2_and_is_shown() -> None:
@@ -551,22 +707,24 @@ def test_one_failed_run_makes_exit_2_and_is_shown() -> None:
     report = _check(ONE_GPU, FakeRunner(failing=("full-decode-only", Gate.FFN)))
     assert report.exit_code() == 2
     assert "5 passed; 1 failed" in report.summary()
-    text = gpu_check.render(report)
+    text = gpu_report.render(report)
     assert "FAIL" in text and "ffn: graph_replays=0 in mode full-decode-only" in text
 
 
 def test_report_text() -> None:
     """One table per mode with every column; DBO and the NCCL skip are labelled, not scored."""
-    text = gpu_check.render(_check(ONE_GPU, FakeRunner()))
-    for column in gpu_check.COLUMNS:
+    text = gpu_report.render(_check(ONE_GPU, FakeRunner()))
+    for column in gpu_report.COLUMNS:
         assert column in text
     assert "== dbo: NCCL pair only: an in-process FFN half would compute inside" in text
     assert "the NCCL pair is skipped: needs two CUDA devices" in text
     assert "NCCL pair (two processes): SKIPPED: needs two CUDA devices, found 1" in text
-    full = text[text.index("== full-decode-only") : text.index("== dbo")]
-    eager = text[text.index("== eager") : text.index("== piecewise")]
-    assert full.count(gpu_check.EXCHANGE_IN_GRAPH) == 2
-    assert eager.count("125.0 us") == 2 and gpu_check.EXCHANGE_IN_GRAPH not in eager
+    # the modes in run priority: full-decode-only, piecewise, eager, then dbo
+    assert text.index("== full-decode-only") < text.index("== piecewise") < text.index("== eager")
+    full = text[text.index("== full-decode-only") : text.index("== piecewise")]
+    eager = text[text.index("== eager") : text.index("== dbo")]
+    assert full.count(modes.EXCHANGE_IN_GRAPH) == 2
+    assert eager.count("125.0 us") == 2 and modes.EXCHANGE_IN_GRAPH not in eager
     assert "NVIDIA H200" in text and "vLLM 0.26.0" in text
 
 
@@ -574,11 +732,11 @@ def test_report_shows_the_runner_cost_or_why_it_is_missing() -> None:
     native = _native()
     measured = _afd(runner_cost={"seconds": 0.0125, "allocated_bytes": 3 * 2**20})
     failed = _afd(runner_cost={"error": "RuntimeError: boom"})
-    lines = gpu_check.table(
+    lines = gpu_report.table(
         EAGER,
         [
-            gpu_check.evaluate_pair(EAGER, Gate.ATTENTION, gpu_check.LOOPBACK, measured, native),
-            gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.LOOPBACK, failed, native),
+            verdict.evaluate_pair(EAGER, Gate.ATTENTION, modes.LOOPBACK, measured, native),
+            verdict.evaluate_pair(EAGER, Gate.FFN, modes.LOOPBACK, failed, native),
         ],
     )
     assert lines[-2:] == [
@@ -604,18 +762,25 @@ def test_json_report_shape(tmp_path: Path) -> None:
         "vllm": "0.26.0",
     }
     assert data["device"] == {"name": "NVIDIA H200", "count": 1, "all": ["NVIDIA H200"]}
+    assert (data["finished"], data["deadline_s"]) == (True, None)
     modes = {entry["mode"]: entry for entry in data["modes"]}
-    assert set(modes["dbo"]) == {"mode", "model_runner", "status", "reason"}
+    assert set(modes["dbo"]) == {"mode", "model_runner", "status", "reason", "expected_engine_s"}
     assert modes["dbo"]["status"] == "NCCL pair only"
+    assert (modes["eager"]["expected_engine_s"], modes["piecewise"]["expected_engine_s"]) == (
+        30.0,
+        60.0,
+    )
     runs = modes["eager"]["runs"]
-    assert [run["gate"] for run in runs] == ["attention", "ffn"]
+    # in run order: the gate on the FFN role first
+    assert [run["gate"] for run in runs] == ["ffn", "attention"]
     assert [run["passed"] for run in runs] == [True, True]
-    failed = modes["full-decode-only"]["runs"][0]
+    assert "reason" not in modes["eager"]
+    failed = modes["full-decode-only"]["runs"][1]
     assert failed["passed"] is False and "graph_captures=0" in failed["problems"][0]
     for key in ("tokens_equal", "afd_tokens_per_s", "native_tokens_per_s", "ratio", "counters"):
-        assert key in runs[1]
-    assert runs[1]["counters"] == {"graph_captures": 0, "graph_replays": 0, "ubatch_splits": 0}
-    assert runs[1]["ratio"] == pytest.approx(0.5)
+        assert key in runs[0]
+    assert runs[0]["counters"] == {"graph_captures": 0, "graph_replays": 0, "ubatch_splits": 0}
+    assert runs[0]["ratio"] == pytest.approx(0.5)
     assert modes["eager"]["engine_args"]["enforce_eager"] is True
     assert data["nccl"]["status"] == "skipped" and data["nccl"]["runs"] == []
     assert (data["passed"], data["failed"], data["exit_code"]) == (5, 1, 2)
@@ -623,54 +788,12 @@ def test_json_report_shape(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- processes, with fakes
 
-FAKE_TORCH = """
-import os
-
-__version__ = "2.11.0+cu128"
-
-
-class version:
-    cuda = "12.8"
-
-
-class cuda:
-    @staticmethod
-    def is_available():
-        return int(os.environ["FAKE_GPUS"]) > 0
-
-    @staticmethod
-    def device_count():
-        return int(os.environ["FAKE_GPUS"])
-
-    @staticmethod
-    def get_device_name(index):
-        return f"Fake GPU {index}"
-"""
-FAKE_VLLM = """
-import os
-import subprocess
-import time
-
-behaviour = os.environ.get("FAKE_VLLM", "")
-if behaviour == "hang":
-    child = subprocess.Popen(["sleep", "600"])
-    with open(os.environ["FAKE_VLLM_PID"], "w") as out:
-        out.write(str(child.pid))
-    time.sleep(600)
-if behaviour == "raise":
-    raise RuntimeError("fake vLLM refuses to start")
-__version__ = os.environ.get("FAKE_VLLM_VERSION", "0.26.0")
-"""
-
 
 @pytest.fixture
 def fake_env(tmp_path: Path) -> dict[str, str]:
     """The engines' environment with fake ``torch`` and ``vllm`` packages first on PYTHONPATH."""
-    fakes = tmp_path / "fakes"
-    for name, source in (("torch", FAKE_TORCH), ("vllm", FAKE_VLLM)):
-        (fakes / name).mkdir(parents=True)
-        (fakes / name / "__init__.py").write_text(source)
-    env = gpu_check.base_env([fakes])
+    fakes = write_packages(tmp_path / "fakes", FAKE_TORCH, FAKE_VLLM)
+    env = gpu_host.base_env([fakes])
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return {**env, "FAKE_GPUS": "1"}
 
@@ -698,7 +821,7 @@ def _gone(pid: int, wait_s: float = 5.0) -> bool:
 def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
     """Devices are named by torch and pinned by the operator's CUDA_VISIBLE_DEVICES entries."""
     env = {**fake_env, "FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": "4,6"}
-    host = gpu_check.probe(env, tmp_path)
+    host = gpu_host.probe(env, tmp_path)
     assert host.devices == ("Fake GPU 0", "Fake GPU 1")
     assert host.device_ids == ("4", "6")
     assert (host.torch, host.cuda, host.vllm) == ("2.11.0+cu128", "12.8", "0.26.0")
@@ -722,8 +845,34 @@ def test_probe_refuses_a_host_that_cannot_run_the_check(
 ) -> None:
     """No CUDA device, no importable vLLM, another vLLM: a usage error (exit 3) saying which."""
     with pytest.raises(UsageError) as caught:
-        gpu_check.probe({**fake_env, **changes}, tmp_path)
+        gpu_host.probe({**fake_env, **changes}, tmp_path)
     assert expected in str(caught.value)
+
+
+def test_prepare_reuses_the_model_of_an_earlier_run(
+    fake_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The model process writes the model whole or not at all, so a work directory that has it
+    (an earlier run cut off, a rerun with --only) skips writing it; writing fails here, where
+    torch is a stand-in."""
+    with pytest.raises(RuntimeError, match="writing the tiny model failed"):
+        gpu_host.prepare(tmp_path / "fresh", fake_env)
+    assert not (tmp_path / "fresh" / modes.MODEL_DIR).exists()
+    (tmp_path / "earlier" / modes.MODEL_DIR).mkdir(parents=True)
+    setup = gpu_host.prepare(tmp_path / "earlier", fake_env)
+    assert setup.model == tmp_path / "earlier" / modes.MODEL_DIR
+
+
+def test_the_model_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The model process writes beside the model's directory and renames it into place, over
+    what a process killed while writing left there."""
+    model = tmp_path / modes.MODEL_DIR
+    partial = tmp_path / f"{modes.MODEL_DIR}.partial"
+    partial.mkdir()
+    (partial / "config.json").write_text("{")  # a write cut short
+    assert child.model_main(model) == 0
+    assert json.loads((model / "config.json").read_text())["architectures"]
+    assert (model / "model.safetensors").stat().st_size > 0 and not partial.exists()
 
 
 def _setup(tmp_path: Path, env: dict[str, str], timeout_s: float) -> Setup:
@@ -735,11 +884,11 @@ def test_an_engine_that_fails_is_a_failed_result_with_its_log(
 ) -> None:
     """An engine process that raises gives ok=False, its exit status and the end of its log."""
     setup = _setup(tmp_path, {**fake_env, "FAKE_VLLM": "raise"}, 60)
-    result = gpu_check.run_native(EAGER, setup)
+    result = runs.run_native(EAGER, setup)
     assert not result.ok
     assert "exited with 3" in result.error
     assert "RuntimeError: fake vLLM refuses to start" in result.error
-    pair = gpu_check.evaluate_pair(EAGER, Gate.FFN, gpu_check.LOOPBACK, _afd(), result)
+    pair = verdict.evaluate_pair(EAGER, Gate.FFN, modes.LOOPBACK, _afd(), result)
     assert not pair.passed and "the native engine failed" in pair.problems[0]
 
 
@@ -749,7 +898,7 @@ def test_an_engine_past_its_timeout_is_killed_with_what_it_started(
     """A hanging engine is a timed-out failure; its process group (a child it started) is gone."""
     pid_file = tmp_path / "grandchild.pid"
     env = {**fake_env, "FAKE_VLLM": "hang", "FAKE_VLLM_PID": str(pid_file)}
-    result = gpu_check.run_native(EAGER, _setup(tmp_path, env, 3))
+    result = runs.run_native(EAGER, _setup(tmp_path, env, 3))
     assert not result.ok and "timed out after" in result.error
     assert _gone(int(pid_file.read_text()))
 
@@ -760,7 +909,7 @@ def test_engine_spec_is_what_the_engine_process_reads(tmp_path: Path) -> None:
         EngineSpec(
             "afd-x",
             "/m",
-            gpu_check.llm_args(FULL, gpu_check.ATTENTION_WORKER, {"role": "attention"}),
+            runs.llm_args(FULL, modes.ATTENTION_WORKER, {"role": "attention"}),
         ),
         tmp_path,
         CHILDREN,
@@ -768,7 +917,7 @@ def test_engine_spec_is_what_the_engine_process_reads(tmp_path: Path) -> None:
     data = json.loads(engine.spec_path.read_text())
     assert data["result_path"] == str(tmp_path / "afd-x.result.json")
     assert data["llm_args"] == {
-        **gpu_check.COMMON_ENGINE_ARGS,
+        **modes.COMMON_ENGINE_ARGS,
         "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
         "worker_cls": "afd_models.workers.AFDAttentionWorker",
         "additional_config": {"afd": {"role": "attention"}},
@@ -778,16 +927,13 @@ def test_engine_spec_is_what_the_engine_process_reads(tmp_path: Path) -> None:
 def test_run_env_pins_the_device_and_dynamo_by_mode(tmp_path: Path) -> None:
     """Each engine sees one device; eager turns Dynamo off, compiled modes turn it back on."""
     setup = _setup(tmp_path, {"TORCHDYNAMO_DISABLE": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, 1)
-    eager, full = gpu_check.run_env(setup, EAGER, "3"), gpu_check.run_env(setup, FULL, "2")
+    eager, full = runs.run_env(setup, EAGER, "3"), runs.run_env(setup, FULL, "2")
     assert (eager["CUDA_VISIBLE_DEVICES"], full["CUDA_VISIBLE_DEVICES"]) == ("3", "2")
     assert eager["TORCHDYNAMO_DISABLE"] == "1" and "TORCHDYNAMO_DISABLE" not in full
     assert eager["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache")
     # native vLLM and AFD run the runner of the mode
     assert eager["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    assert (
-        gpu_check.run_env(setup, gpu_check.mode_named("eager-v2"), "3")["VLLM_USE_V2_MODEL_RUNNER"]
-        == "1"
-    )
+    assert runs.run_env(setup, modes.mode_named("eager-v2"), "3")["VLLM_USE_V2_MODEL_RUNNER"] == "1"
 
 
 def test_worker_classes_look_through_vllms_worker_wrapper() -> None:
@@ -820,9 +966,9 @@ def test_main_prints_and_writes_the_report_and_exits_with_its_verdict(
     def prepare(work_dir: Path, env: Any, timeout_s: float) -> Setup:
         return Setup(work_dir, work_dir / "model", env, ONE_GPU, timeout_s)
 
-    host = gpu_check.Host(lambda: True, _unreachable, prepare, FakeRunner(failing))
+    host = cli.Host(lambda: True, _unreachable, prepare, FakeRunner(failing))
     path = tmp_path / "report.json"
-    code = gpu_check.main(["--json", str(path), "--work-dir", str(tmp_path)], host)
+    code = cli.main(["--json", str(path), "--work-dir", str(tmp_path)], host)
     out = capsys.readouterr().out
     assert code == exit_code
     assert f"exit {exit_code}" in out.splitlines()[-1] and "== full-decode-only" in out
@@ -837,7 +983,7 @@ def test_relative_paths_reach_the_engines_absolute(
     (tmp_path / "bundle" / "bin").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", "extra")
-    env = child_env(gpu_check.base_env([Path("bundle")]))
+    env = child_env(gpu_host.base_env([Path("bundle")]))
     entries = env["PYTHONPATH"].split(os.pathsep)
     assert entries[:2] == [str(tmp_path / "bundle"), str(REPO_ROOT)]
     assert str(tmp_path / "extra") in entries

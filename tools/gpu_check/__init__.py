@@ -1,13 +1,16 @@
 """Check the AFD CUDA runtime against native vLLM on this GPU host, and report.
 
     python -m tools.gpu_check                          # a supported vLLM (CUDA) importable
-    python -m tools.gpu_check --bundle DIR             # install tools.gpu_bundle's parts first
+    python -m tools.gpu_check --bundle DIR --deadline 480 --json out.json  # the procedure
     python -m tools.gpu_check --only eager --gate ffn --json out.json
 
 Run from the repository root, with ``afd_models/_generated`` present (``nox -s regenerate``
-writes it; carry it with the working tree). For each mode of :data:`MODES` and each gate
-placement it runs native vLLM and the AFD Attention worker with the in-process loopback connector
-on GPU 0 (the first visible device), every engine in a fresh interpreter, and checks: equal
+writes it; carry it with the working tree); docs/gpu.md is the whole procedure for a host
+without vLLM. For each mode of :data:`~tools.gpu_check.modes.MODES` and each gate placement,
+most valuable first (:mod:`~tools.gpu_check.plan`: ``full-decode-only``, then ``piecewise``,
+then the rest, the gate on the FFN role before the gate on attention), it runs native vLLM and
+the AFD Attention worker with the in-process loopback connector on GPU 0 (the first visible
+device), every engine in a fresh interpreter, and checks: equal
 greedy tokens, the worker's graph and micro-batch counters against the mode (a graph mode whose
 graphs never replayed tested nothing: a failure), that the exchange ran, and that the in-process
 FFN weights count in vLLM's memory budget. It measures tokens/s of both engines (same prompts,
@@ -28,116 +31,14 @@ Exit codes: 0 every run that ran passed; 2 a comparison or counter check failed;
 host that cannot run the check (no vLLM and no ``--bundle``, no CUDA device, stale generated
 code), or the check itself crashed.
 
-One job per module: :mod:`~tools.gpu_check.modes` (the mode table and the counter rule),
-:mod:`~tools.gpu_check.verdict` (a run against its native run), :mod:`~tools.gpu_check.report`
-(text and JSON), :mod:`~tools.gpu_check.runs` (the engine runs), :mod:`~tools.gpu_check.host`
-(environment, probe, model), :mod:`~tools.gpu_check.cli`. Only the standard library is imported
+The JSON report is written after every run, so a check cut off keeps what finished, and
+``--deadline`` starts no run that is not expected to finish in time.
+
+One job per module: :mod:`~tools.gpu_check.modes` (the mode table, the run priority and the
+counter rule), :mod:`~tools.gpu_check.plan` (the order, the deadline, the report after each
+run), :mod:`~tools.gpu_check.verdict` (a run against its native run),
+:mod:`~tools.gpu_check.report` (text and JSON), :mod:`~tools.gpu_check.runs` (the engine runs),
+:mod:`~tools.gpu_check.host` (environment, probe, model), :mod:`~tools.gpu_check.cli`. Only the standard library is imported
 in this process; torch and vLLM are imported by the engine processes,
 ``python -m tools.gpu_check.child`` with an internal command (``_probe``, ``_model``, ``_engine``).
 """
-
-from tools.gpu_check.cli import (
-    Host,
-    Options,
-    Runner,
-    build_parser,
-    check,
-    main,
-    needs_newer_vllm,
-    options_from,
-    resolve_env,
-    vllm_importable,
-)
-from tools.gpu_check.host import base_env, default_target, install_bundle, prepare, probe
-from tools.gpu_check.modes import (
-    ATTENTION_CLASSES,
-    ATTENTION_CLASSES_V2,
-    ATTENTION_WORKER,
-    COMMON_ENGINE_ARGS,
-    ENGINE_ENV,
-    EXCHANGE_IN_GRAPH,
-    FFN_CLASSES,
-    FFN_WORKER,
-    LOOPBACK,
-    MODES,
-    MODES_V2,
-    NATIVE_CLASSES,
-    NCCL,
-    VLLM_VERSION,
-    Expect,
-    Gate,
-    Mode,
-    ModelRunner,
-    counter_problems,
-    mode_named,
-)
-from tools.gpu_check.report import (
-    COLUMNS,
-    FORMAT,
-    HostInfo,
-    ModeReport,
-    ModeStatus,
-    NcclReport,
-    NcclStatus,
-    Report,
-    render,
-    table,
-)
-from tools.gpu_check.runs import Setup, llm_args, run_env, run_native, run_nccl_pair, run_pair
-from tools.gpu_check.verdict import PairResult, evaluate_pair
-
-__all__ = [
-    "ATTENTION_CLASSES",
-    "ATTENTION_CLASSES_V2",
-    "ATTENTION_WORKER",
-    "COLUMNS",
-    "COMMON_ENGINE_ARGS",
-    "ENGINE_ENV",
-    "EXCHANGE_IN_GRAPH",
-    "FFN_CLASSES",
-    "FFN_WORKER",
-    "FORMAT",
-    "LOOPBACK",
-    "MODES",
-    "MODES_V2",
-    "NATIVE_CLASSES",
-    "NCCL",
-    "VLLM_VERSION",
-    "Expect",
-    "Gate",
-    "Host",
-    "HostInfo",
-    "Mode",
-    "ModeReport",
-    "ModeStatus",
-    "ModelRunner",
-    "NcclReport",
-    "NcclStatus",
-    "Options",
-    "PairResult",
-    "Report",
-    "Runner",
-    "Setup",
-    "base_env",
-    "build_parser",
-    "check",
-    "counter_problems",
-    "default_target",
-    "evaluate_pair",
-    "install_bundle",
-    "llm_args",
-    "main",
-    "mode_named",
-    "needs_newer_vllm",
-    "options_from",
-    "prepare",
-    "probe",
-    "render",
-    "resolve_env",
-    "run_env",
-    "run_native",
-    "run_nccl_pair",
-    "run_pair",
-    "table",
-    "vllm_importable",
-]

@@ -5,6 +5,7 @@ afd_models imported."""
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -157,10 +158,14 @@ def probe_main(out: Path) -> int:
 
 
 def model_main(out: Path) -> int:
-    """The float32 tiny DeepSeek-V2 with widened margins (as the compiled-mode e2e tests use)."""
+    """The float32 tiny DeepSeek-V2 with widened margins (as the compiled-mode e2e tests use),
+    written beside ``out`` and renamed into place: ``out`` exists only whole."""
     from afd_models.cli.tiny_models import write_tiny_model
 
-    write_tiny_model(out, "v2", seed=0, dtype="float32", margin_scale=50.0)
+    partial = out.with_name(f"{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_tiny_model(partial, "v2", seed=0, dtype="float32", margin_scale=50.0)
+    partial.rename(out)
     return 0
 
 

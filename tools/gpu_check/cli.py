@@ -14,40 +14,21 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
 
 from codegen.findings import CommandParser
-from codegen.releases import release_key
-from tools.gpu_check import runs
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare
 from tools.gpu_check.modes import MODES, VLLM_VERSION, Gate, Mode
-from tools.gpu_check.report import ModeReport, ModeStatus, NcclReport, NcclStatus, Report, render
+from tools.gpu_check.plan import Deadline, Runner, check, run_order
+from tools.gpu_check.report import Report, render
 from tools.gpu_check.runs import CHILDREN, Setup
-from tools.gpu_check.verdict import PairResult
 from tools.harness.cli import UsageError, guarded, write_json
-from tools.harness.results import EngineResult
 
 PROG = "python -m tools.gpu_check"
 DESCRIPTION = (
     "Check the AFD CUDA runtime against native vLLM on this GPU host, on vLLM's V1 runner and "
     "on Model Runner V2 (vLLM 0.30+), and report."
 )
-
-
-class Runner(Protocol):
-    """What runs the engines: :mod:`tools.gpu_check.runs`, or the unit tests' fakes."""
-
-    def run_native(self, mode: Mode, setup: Setup) -> EngineResult: ...
-
-    def run_pair(
-        self, mode: Mode, gate: Gate, setup: Setup, native: EngineResult
-    ) -> PairResult: ...
-
-    def run_nccl_pair(
-        self, mode: Mode, gate: Gate, setup: Setup, native: EngineResult
-    ) -> PairResult: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +41,21 @@ class Options:
     work_dir: Path | None = None
     engine_timeout_s: float = 300.0
     nccl: bool = True
+    #: seconds from the command's start after which no run starts that would not finish
+    deadline_s: float | None = None
+
+
+EPILOG = (
+    "Order: the modes full-decode-only, piecewise, eager (then dbo and the -v2 modes where they "
+    "run) with the gate on the FFN role, then the same with the gate on attention; the NCCL "
+    "pair (two devices) last. A mode's native engine runs before its first AFD run. "
+    "Deadline: with --deadline S no run starts that is not expected to end within S seconds of "
+    "the command's start (install and model included; each mode's expected time per engine on "
+    "an H100 is in the report and in docs/gpu.md). "
+    "Report: written as JSON after every run (atomically) to --json, default WORK_DIR/report.json, "
+    'so a check cut off keeps every finished run ("finished": false); the table is printed at '
+    "the end. Exit codes: 0 passed, 2 a check failed, 3 bad usage, unusable host or crash."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         epilog=f"Modes: {runnable}; in the NCCL pair only: "
         + ", ".join(m.name for m in MODES if m.no_loopback)
-        + ". Exit codes: 0 passed, 2 a check failed, 3 bad usage, unusable host or crash.",
+        + ". "
+        + EPILOG,
     )
     parser.add_argument(
         "--bundle",
@@ -94,7 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHERE",
         help="run only this gate placement: attention or ffn (default: both)",
     )
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the report as JSON")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="the JSON report, rewritten after every run (default: WORK_DIR/report.json)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        metavar="S",
+        help="seconds from the start (install included) after which no run starts that is not "
+        "expected to finish in time (default: none)",
+    )
     parser.add_argument(
         "--work-dir",
         type=Path,
@@ -133,11 +142,20 @@ def options_from(args: argparse.Namespace) -> Options:
         raise UsageError(
             f"--engine-timeout {args.engine_timeout} is not allowed; allowed: seconds > 0"
         )
+    ordered = tuple(m for m in MODES if m in chosen)
+    if args.deadline is not None:
+        first = run_order([m for m in ordered if m.no_loopback is None] or ordered, gates)[0]
+        least = first.expected_s(native_done=False)
+        if not args.deadline >= least:
+            raise UsageError(
+                f"--deadline {args.deadline:g} leaves no time for the first run ({first.label()}: "
+                f"a native and an AFD engine, expected {least:.0f} s on an H100, after the install "
+                f"and the model); allowed: seconds >= {least:.0f}"
+            )
     if args.bundle is not None and not (args.bundle / "manifest.json").is_file():
         raise UsageError(
             f"--bundle {args.bundle} has no manifest.json: pass the directory of the parts"
         )
-    ordered = tuple(m for m in MODES if m in chosen)
     return Options(
         modes=ordered,
         gates=gates,
@@ -147,6 +165,7 @@ def options_from(args: argparse.Namespace) -> Options:
         work_dir=args.work_dir,
         engine_timeout_s=args.engine_timeout,
         nccl=not args.skip_nccl,
+        deadline_s=args.deadline,
     )
 
 
@@ -174,74 +193,6 @@ def resolve_env(
     return base_env([target])
 
 
-def check(options: Options, setup: Setup, runner: Runner | None = None) -> Report:
-    """Run every selected mode and gate (and the NCCL pair when two devices are visible).
-
-    ``runner`` runs the engines (:mod:`tools.gpu_check.runs` by default; the unit tests pass
-    fakes).
-    """
-    engines: Runner = runs if runner is None else runner
-    too_old = {m.name: why for m in options.modes if (why := needs_newer_vllm(m, setup.host.vllm))}
-    nccl_modes = [m for m in options.modes if m.nccl and m.name not in too_old]
-    nccl_skipped: str | None = None
-    if not options.nccl:
-        nccl_skipped = "--skip-nccl"
-    elif len(setup.host.device_ids) < 2:
-        nccl_skipped = (
-            f"needs two CUDA devices, found {len(setup.host.device_ids)}: NCCL cannot put two "
-            "ranks of one communicator on one GPU"
-        )
-    elif not nccl_modes:
-        runs_it = ", ".join(m.name for m in MODES if m.nccl)
-        nccl_skipped = f"no selected mode runs it ({runs_it} do)"
-    reports: list[ModeReport] = []
-    natives: dict[str, EngineResult] = {}
-    for mode in MODES:
-        if mode not in options.modes:
-            reports.append(ModeReport(mode, ModeStatus.NOT_SELECTED, "left out by --only"))
-            continue
-        if mode.name in too_old:
-            reports.append(ModeReport(mode, ModeStatus.NEEDS_NEWER_VLLM, too_old[mode.name]))
-            continue
-        if mode.no_loopback is not None:
-            # the native run serves the NCCL pair, when it runs
-            if nccl_skipped is None:
-                natives[mode.name] = engines.run_native(mode, setup)
-            reason = mode.no_loopback + (
-                f"; the NCCL pair is skipped: {nccl_skipped}" if nccl_skipped else ""
-            )
-            reports.append(ModeReport(mode, ModeStatus.NCCL_ONLY, reason))
-            continue
-        natives[mode.name] = engines.run_native(mode, setup)
-        pairs = [engines.run_pair(mode, gate, setup, natives[mode.name]) for gate in options.gates]
-        for pair in pairs:
-            verdict = "PASS" if pair.passed else "FAIL"
-            CHILDREN.log(f"{mode.name}, gate on {pair.gate.value}: {verdict}")
-        reports.append(ModeReport(mode, ModeStatus.RAN, runs=tuple(pairs)))
-    if nccl_skipped is not None:
-        nccl = NcclReport(NcclStatus.SKIPPED, nccl_skipped)
-    else:
-        nccl_pairs = [
-            engines.run_nccl_pair(mode, gate, setup, natives[mode.name])
-            for mode in nccl_modes
-            for gate in options.gates
-        ]
-        nccl = NcclReport(NcclStatus.RAN, runs=tuple(nccl_pairs))
-    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return Report(date, setup.host, tuple(reports), nccl, str(setup.work_dir))
-
-
-def needs_newer_vllm(mode: Mode, vllm_version: str) -> str | None:
-    """Why ``mode`` cannot run with the host's vLLM (its runner came later), None if it can."""
-    since = mode.runner.since
-    if since is None or release_key(vllm_version) >= release_key(since):
-        return None
-    return (
-        f"the AFD Attention role runs on Model Runner {mode.runner.value.upper()} from vLLM "
-        f"{since}; this host has vLLM {vllm_version}"
-    )
-
-
 @dataclass(frozen=True)
 class Host:
     """What the check asks of the machine; the unit tests pass fakes."""
@@ -256,22 +207,36 @@ class Host:
     runner: Runner | None = None
 
 
-def run(options: Options, host: Host) -> int:
-    """The whole check for validated options; its exit code."""
-    began = time.monotonic()
+def run(options: Options, host: Host, started: float | None = None) -> int:
+    """The whole check for validated options; its exit code. ``started``: when the command
+    started (``time.monotonic()``), from which ``--deadline`` counts."""
+    deadline = Deadline(options.deadline_s, time.monotonic() if started is None else started)
     env = resolve_env(options, host.vllm_importable(), host.install)
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="afd-gpu-check-"))
+    json_path = options.json_path or work_dir / "report.json"
     setup = host.prepare(work_dir, env, options.engine_timeout_s)
-    report = check(options, setup, host.runner)
+
+    def save(report: Report) -> None:
+        write_json(report.as_dict(), json_path)
+        CHILDREN.log(f"report so far in {json_path} ({deadline.elapsed():.0f} s)")
+
+    report = check(
+        options.modes,
+        options.gates,
+        setup,
+        nccl=options.nccl,
+        deadline=deadline,
+        runner=host.runner,
+        on_progress=save,
+    )
+    write_json(report.as_dict(), json_path)
     print(render(report), flush=True)
-    if options.json_path is not None:
-        write_json(report.as_dict(), options.json_path)
-        CHILDREN.log(f"JSON report in {options.json_path}")
-    CHILDREN.log(f"whole check: {time.monotonic() - began:.0f} s")
+    CHILDREN.log(f"JSON report in {json_path}; whole check: {deadline.elapsed():.0f} s")
     return int(report.exit_code())
 
 
 def main(argv: list[str] | None = None, host: Host | None = None) -> int:
     """0 passed, 2 a check failed, 3 bad usage, a host that cannot run it, or a crash."""
+    started = time.monotonic()
     args = build_parser().parse_args(argv)  # exits 3 on a malformed command line, 0 for --help
-    return guarded(PROG, lambda: run(options_from(args), host or Host()))
+    return guarded(PROG, lambda: run(options_from(args), host or Host(), started))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tools.gpu_bundle.install import install
 from tools.gpu_bundle.manifest import BundleError
-from tools.gpu_check.modes import ENGINE_ENV, VLLM_VERSION
+from tools.gpu_check.modes import ENGINE_ENV, MODEL_DIR, VLLM_VERSION
 from tools.gpu_check.report import HostInfo
 from tools.gpu_check.runs import CHILDREN, Setup
 from tools.harness.cli import UsageError
@@ -63,8 +63,10 @@ def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
         )
     if "vllm_error" in info:
         raise UsageError(
-            f"`import vllm` fails in the engines' environment: {info['vllm_error']}; pass --bundle "
-            "DIR (parts from `python -m tools.gpu_bundle build`)"
+            f"`import vllm` fails in the engines' environment: {info['vllm_error']}; without "
+            "--bundle, pass --bundle DIR (parts from `python -m tools.gpu_bundle build`); with "
+            "it, a module the bundle lacks is named above: one it dropped (manifest.json lists "
+            "them) or one the host should have (torch's)"
         )
     from tools.cpu_env import supported_versions  # imports afd_models: not on --help's path
 
@@ -85,14 +87,19 @@ def probe(env: Mapping[str, str], work_dir: Path) -> HostInfo:
 
 
 def prepare(work_dir: Path, env: Mapping[str, str], engine_timeout_s: float = 300.0) -> Setup:
-    """Probe the host and write the tiny model. Raises UsageError when the host cannot run it."""
+    """Probe the host and write the tiny model, unless ``work_dir`` has it from an earlier run
+    (the model process writes it whole or not at all). Raises UsageError when the host cannot
+    run the check."""
     work_dir = work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     host = probe(env, work_dir)
     CHILDREN.log(f"{len(host.devices)} CUDA device(s): {', '.join(host.devices)}; vLLM {host.vllm}")
-    model = work_dir / "tiny-v2"
+    model = work_dir / MODEL_DIR
     log_path = work_dir / "model.log"
-    if run_internal(CHILDREN, "_model", model, env, log_path, 300) != 0:
+    if model.is_dir():
+        CHILDREN.log(f"reusing the tiny DeepSeek-V2 model in {model}")
+    elif run_internal(CHILDREN, "_model", model, env, log_path, 300) != 0:
         raise RuntimeError(f"writing the tiny model failed; end of {log_path}:\n{tail(log_path)}")
-    CHILDREN.log(f"tiny DeepSeek-V2 model in {model}")
+    else:
+        CHILDREN.log(f"tiny DeepSeek-V2 model in {model}")
     return Setup(work_dir, model, env, host, engine_timeout_s)

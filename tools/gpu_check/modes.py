@@ -48,6 +48,13 @@ NCCL_TIMEOUT_S = 60
 #: seconds an engine process waits for the parent's go-ahead to exit (NCCL pair only)
 HOLD_S = 180
 EXCHANGE_IN_GRAPH = "n/a (inside the graph)"
+#: the tiny model's directory in the work directory
+MODEL_DIR = "tiny-v2"
+#: seconds an engine is expected to take on an H100 (docs/gpu.md, "Timing"): eager is start-up
+#: (interpreter, torch and vLLM imports, about 10 s), building the engine and 4 generates of 3x32
+#: tokens; a compiled mode adds Dynamo and Inductor with cold caches and the CUDA-graph captures
+EXPECTED_EAGER_S = 30.0
+EXPECTED_COMPILED_S = 60.0
 
 
 class ModelRunner(str, enum.Enum):
@@ -107,6 +114,9 @@ class Mode:
     no_loopback: str | None = None
     #: the model runner of native vLLM and of the AFD Attention engine
     runner: ModelRunner = ModelRunner.V1
+    #: seconds one engine of the mode is expected to take on an H100, from start to exit (an
+    #: estimate, docs/gpu.md): ``--deadline`` starts no run that would not finish in time
+    expected_s: float = EXPECTED_COMPILED_S
 
     def llm_args(self) -> dict[str, Any]:
         return copy.deepcopy(dict(self.engine_args))
@@ -121,6 +131,7 @@ MODES_V1: tuple[Mode, ...] = (
         ubatch_splits=Expect.ZERO,
         compiled=False,
         nccl=True,
+        expected_s=EXPECTED_EAGER_S,
     ),
     # the exchange op splits the graph: it runs eagerly between the captured pieces, so whether
     # the worker counts piecewise captures is the runtime's choice; reported, not required
@@ -172,6 +183,19 @@ MODES_V2: tuple[Mode, ...] = tuple(
 )
 #: every mode, in report order
 MODES = MODES_V1 + MODES_V2
+#: the order the check runs the modes in, most valuable evidence first: FULL_DECODE_ONLY (the
+#: exchange inside a replayed graph), then piecewise (the exchange between captured pieces, its
+#: host latency measured), then eager; Model Runner V2 after V1. The check goes through them
+#: once per gate placement, in GATE_ORDER, so a run cut short has each mode once before any twice.
+PRIORITY = (
+    "full-decode-only",
+    "piecewise",
+    "eager",
+    "dbo",
+    "full-decode-only-v2",
+    "piecewise-v2",
+    "eager-v2",
+)
 
 
 def mode_named(name: str) -> Mode:
@@ -190,6 +214,10 @@ class Gate(str, enum.Enum):
     @property
     def on_attention(self) -> bool:
         return self is Gate.ATTENTION
+
+
+#: the gate placements in run order: the FFN role computing the gate first
+GATE_ORDER = (Gate.FFN, Gate.ATTENTION)
 
 
 def counter_problems(mode: Mode, counters: Counters) -> list[str]:

@@ -24,11 +24,17 @@ class ModeStatus(str, enum.Enum):
     NOT_SELECTED = "not selected"
     #: the host's vLLM is older than the mode's runner needs
     NEEDS_NEWER_VLLM = "needs a newer vLLM"
+    #: not reached yet: only in a report written while the check runs
+    PENDING = "not run yet"
+    #: its runs would not have finished before ``--deadline``
+    DEADLINE = "left out by --deadline"
 
 
 class NcclStatus(str, enum.Enum):
     RAN = "ran"
     SKIPPED = "skipped"
+    #: not reached yet: only in a report written while the check runs
+    PENDING = "not run yet"
 
 
 @dataclass(frozen=True)
@@ -49,13 +55,16 @@ class HostInfo:
 class ModeReport:
     mode: Mode
     status: ModeStatus
+    #: why it did not run; for a mode that ran, the gate placements ``--deadline`` left out
     reason: str = ""
+    #: in run order
     runs: tuple[PairResult, ...] = ()
 
 
 @dataclass(frozen=True)
 class NcclReport:
     status: NcclStatus
+    #: why it was skipped, or the runs ``--deadline`` left out
     reason: str = ""
     runs: tuple[PairResult, ...] = ()
 
@@ -64,9 +73,16 @@ class NcclReport:
 class Report:
     date: str
     host: HostInfo
+    #: every mode, in run priority (``modes.PRIORITY``)
     modes: tuple[ModeReport, ...]
     nccl: NcclReport
     work_dir: str
+    #: False in the reports written while the check runs (a run cut off leaves the last one)
+    finished: bool = True
+    #: seconds since the command started, when the report was made
+    elapsed_s: float = 0.0
+    #: ``--deadline``, None without one
+    deadline_s: float | None = None
 
     def runs(self) -> list[PairResult]:
         return [run for mode in self.modes for run in mode.runs] + list(self.nccl.runs)
@@ -83,6 +99,12 @@ class Report:
         older = [m.mode.name for m in self.modes if m.status is ModeStatus.NEEDS_NEWER_VLLM]
         if older:
             parts.append(f"not run (vLLM {self.host.vllm} too old): {', '.join(older)}")
+        late = [m.mode.name for m in self.modes if m.status is ModeStatus.DEADLINE]
+        late += [f"{m.mode.name} ({m.reason})" for m in self.modes if m.runs and m.reason]
+        if self.nccl.status is NcclStatus.RAN and self.nccl.reason:
+            late.append(f"NCCL pair ({self.nccl.reason})")
+        if late:
+            parts.append(f"left out by --deadline: {', '.join(late)}")
         if self.nccl.status is NcclStatus.SKIPPED:
             nccl_only = [m.mode.name for m in self.modes if m.status is ModeStatus.NCCL_ONLY]
             if nccl_only:
@@ -97,16 +119,20 @@ class Report:
                 "mode": report.mode.name,
                 "model_runner": report.mode.runner.value,
                 "status": report.status.value,
+                "expected_engine_s": report.mode.expected_s,
             }
             if report.status is ModeStatus.RAN:
                 entry["engine_args"] = report.mode.llm_args()
                 entry["runs"] = [run.as_dict() for run in report.runs]
-            else:
+            if report.status is not ModeStatus.RAN or report.reason:
                 entry["reason"] = report.reason
             modes.append(entry)
         return {
             "format": FORMAT,
             "date": self.date,
+            "finished": self.finished,
+            "elapsed_s": round(self.elapsed_s, 1),
+            "deadline_s": self.deadline_s,
             "versions": {
                 "python": self.host.python,
                 "torch": self.host.torch,
@@ -224,9 +250,13 @@ def render(report: Report) -> str:
             "loopback connector"
         )
         lines += table(mode, entry.runs)
+        if entry.reason:
+            lines.append(f"    left out by --deadline: {entry.reason}")
     nccl = report.nccl
     if nccl.status is NcclStatus.SKIPPED:
         lines.append(f"\n== NCCL pair (two processes): SKIPPED: {nccl.reason}")
+    elif nccl.reason:
+        lines.append(f"\n== NCCL pair (two processes): left out by --deadline: {nccl.reason}")
     for name in sorted({run.mode for run in nccl.runs}):
         mode = mode_named(name)
         lines.append(f"\n== NCCL pair, {name}: FFN engine on the 2nd device, Attention on the 1st")
