@@ -1,12 +1,13 @@
 """Where AFD's hand-written code uses upstream members, and how: the calls, constructions,
 attribute reads and writes of override and extend bodies, of fork edits' code and of the runtime
-(``afd_models/``). The lock records each as a :class:`~codegen.lock.Site` of the symbol, so drift
-can tell whether a new release still accepts the call (:mod:`codegen.drift.call_sites`).
+(``afd_models/``). The lock records each as a :class:`~codegen.lock.Site` of the symbol, at its
+file and enclosing function (:class:`~codegen.lock.Place`, :mod:`codegen.places`), so drift can
+tell whether a new release still accepts the call (:mod:`codegen.drift.call_sites`).
 
 A forked body's own upstream calls are regenerated with it from the new release, so they follow
 a change of their own package by construction; its calls into *another* pinned package (a
 vLLM-Ascend fork calling vLLM) stay as they are when only that package moves, and are recorded
-too, at the fork's declaration.
+too, at the fork. So is the code of a fork's edits.
 
 What is resolved, statically:
 
@@ -28,20 +29,21 @@ from __future__ import annotations
 
 import ast
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
 
 from codegen.index import Member, UpstreamIndex
-from codegen.lock import Site, SiteKind, SymbolUse
+from codegen.lock import Place, Site, SiteKind, SymbolUse
 from codegen.markers import Edit
-from codegen.model import GeneratedClass, MemberKind, Param, ParamKind, Signature, SymbolRef
+from codegen.model import GeneratedClass, MemberKind, SymbolRef
 from codegen.names import ModuleNamespace
+from codegen.places import Scopes
 
 #: the upstream package of generated classes, as runtime modules import them
-_GENERATED_PACKAGE = "afd_models._generated."
+GENERATED_PACKAGE = "afd_models._generated"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,17 @@ class SiteUse:
 
 
 @dataclass(frozen=True)
+class GeneratedBase:
+    """What runtime code deriving from a generated class sees of it (from the generation, or
+    from a lock's ``classes``)."""
+
+    #: the upstream class ``self`` and ``super()`` resolve in
+    base: SymbolRef
+    #: the members the generated class defines itself (they shadow upstream's)
+    own: frozenset[str]
+
+
+@dataclass(frozen=True)
 class _Scope:
     """What names mean in the code being scanned."""
 
@@ -67,164 +80,46 @@ class _Scope:
     own: frozenset[str] = frozenset()
 
 
-def call_signature(index: UpstreamIndex, ref: SymbolRef, how: SiteKind) -> Signature | None:
-    """The signature a call site binds against, ``self``/``cls`` left out: a function's, a
-    method's, or a class's constructor (its ``__init__``, else a dataclass's fields); None when it
-    cannot be known statically."""
-    if how is SiteKind.CONSTRUCT:
-        init = index.find_member(ref, "__init__")
-        if init is not None and init.is_method:
-            return _bound(init.signature())
-        return _dataclass_signature(index, ref)
-    owner, _, member = ref.qualname.partition(".")
-    if member:
-        found = index.find_member(SymbolRef(ref.module, owner), member)
-        if found is None or not found.is_method:
-            return None
-        signature = found.signature()
-        return signature if "staticmethod" in signature.decorators else _bound(signature)
-    info = index.module(ref.module)
-    if info is not None and ref.qualname in info.functions:
-        return Signature.from_ast(info.functions[ref.qualname])
-    return None
+#: the place of a scanned node
+_PlaceOf = Callable[[ast.AST], Place]
 
 
-def _bound(signature: Signature) -> Signature:
-    positional = (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
-    if signature.params and signature.params[0].kind in positional:
-        return Signature(signature.params[1:], signature.returns, signature.decorators)
-    return signature
+def _all_at(place: Place) -> _PlaceOf:
+    """Every node at ``place``: code parsed from a string (a fork edit's, a generated body) is at
+    the fork."""
+    return lambda _: place
 
 
-#: decorators and bases that make a class's constructor take its annotated fields
-_FIELD_CLASSES = ("dataclass", "config", "NamedTuple")
-
-
-def _dataclass_signature(index: UpstreamIndex, ref: SymbolRef) -> Signature | None:
-    """The constructor of a class built from its annotated fields (``@dataclass``, vLLM's
-    ``@config``, ``NamedTuple``): the fields of every such class along the MRO, bases first, as
-    keyword-or-positional parameters; a ``field(...)`` without ``default=`` or
-    ``default_factory=`` is required. None for any other class."""
-
-    def builds_fields(node: ast.ClassDef) -> bool:
-        marks = [*node.decorator_list, *node.bases]
-        return any(name in _FIELD_CLASSES for mark in marks for name in (_called_name(mark),))
-
-    nodes = [n for cls in index.mro(ref) if (n := index.class_node(cls)) is not None]
-    if not any(builds_fields(node) for node in nodes):
-        return None
-    fields: dict[str, Param] = {}
-    for node in reversed(nodes):
-        if not builds_fields(node):
-            continue
-        for statement in node.body:
-            if (
-                isinstance(statement, ast.AnnAssign)
-                and isinstance(statement.target, ast.Name)
-                and "ClassVar" not in ast.unparse(statement.annotation)
-            ):
-                fields[statement.target.id] = Param(
-                    statement.target.id,
-                    ParamKind.POSITIONAL_OR_KEYWORD,
-                    _field_default(statement.value),
-                )
-    return Signature(tuple(fields.values()), None)
-
-
-def _called_name(node: ast.expr) -> str:
-    """``dataclass`` of ``@dataclass``, ``@dataclass(frozen=True)``, ``dataclasses.dataclass``."""
-    if isinstance(node, ast.Call):
-        node = node.func
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return node.id if isinstance(node, ast.Name) else ""
-
-
-def _field_default(value: ast.expr | None) -> str | None:
-    """A field's default as source text; None when the field is required."""
-    if value is None:
-        return None
-    if isinstance(value, ast.Call) and _called_name(value) == "field":
-        given = {k.arg for k in value.keywords}
-        if not given & {"default", "default_factory"}:
-            return None
-    return ast.unparse(value)
-
-
-def binding_problem(signature: Signature, site: Site) -> str | None:
-    """Why a call with ``site``'s arguments does not bind to ``signature``; None when it does."""
-    if site.how not in (SiteKind.CALL, SiteKind.CONSTRUCT):
-        return None
-    params = signature.params
-    positional = [
-        p for p in params if p.kind in (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
-    ]
-    var_positional = any(p.kind is ParamKind.VAR_POSITIONAL for p in params)
-    var_keyword = any(p.kind is ParamKind.VAR_KEYWORD for p in params)
-    if site.positional > len(positional) and not var_positional:
-        return f"takes {len(positional)} positional argument(s), AFD passes {site.positional}"
-    bound = {p.name for p in positional[: site.positional]}
-    by_name = {p.name: p for p in params}
-    for keyword in site.keywords:
-        param = by_name.get(keyword)
-        accepts = param is not None and param.kind in (
-            ParamKind.POSITIONAL_OR_KEYWORD,
-            ParamKind.KEYWORD_ONLY,
-        )
-        if not accepts and not var_keyword:
-            return f"has no parameter {keyword!r}, which AFD passes by keyword"
-        if keyword in bound:
-            return f"gets {keyword!r} twice: by position and by keyword"
-        bound.add(keyword)
-    if site.unpacked:
-        return None  # *args / **kwargs may supply the rest
-    required = [
-        p.name
-        for p in params
-        if p.default is None
-        and p.kind not in (ParamKind.VAR_POSITIONAL, ParamKind.VAR_KEYWORD)
-        and p.name not in bound
-    ]
-    if required:
-        return f"requires {', '.join(map(repr, required))}, which AFD does not pass"
-    return None
-
-
-def afd_sites(
+def overlay_sites(
     repo_root: Path,
     index: UpstreamIndex,
     classes: list[GeneratedClass],
     namespaces: Mapping[str, ModuleNamespace],
-    runtime: list[Path],
 ) -> list[SiteUse]:
-    """Every site of the overlay's applicable members, of forked bodies' calls into another
-    package, and of the ``runtime`` files."""
+    """Every site of the overlay's applicable members, and of forked bodies' calls into another
+    package."""
     found: list[SiteUse] = []
-    trees: dict[Path, ast.Module] = {}
+    parsed: dict[Path, tuple[ast.Module, Scopes]] = {}
     for generated in classes:
         path = generated.overlay_path
-        if path not in trees:
-            trees[path] = ast.parse((repo_root / path).read_text(encoding="utf-8"))
-        own = list(_overlay_class_sites(trees[path], index, generated))
+        if path not in parsed:
+            tree = ast.parse((repo_root / path).read_text(encoding="utf-8"))
+            parsed[path] = (tree, Scopes.of(tree))
+        own = list(_overlay_class_sites(*parsed[path], index, generated))
         found.extend(own)
         namespace = namespaces.get(generated.module)
-        if namespace is not None:  # a fork's edit code is in both: keep its site at the edit
+        if namespace is not None:  # a fork's edit code is in both: record its sites once
             seen = {_same_call(use) for use in own}
             found.extend(
                 use
                 for use in _cross_package_sites(index, generated, namespace)
                 if _same_call(use) not in seen
             )
-    generated_bases = {c.ref: c for c in classes}
-    for path in runtime:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        relative = path.relative_to(repo_root).as_posix()
-        found.extend(_runtime_sites(tree, relative, index, generated_bases))
     return found
 
 
 def _overlay_class_sites(
-    tree: ast.Module, index: UpstreamIndex, generated: GeneratedClass
+    tree: ast.Module, scopes: Scopes, index: UpstreamIndex, generated: GeneratedClass
 ) -> Iterator[SiteUse]:
     declared = generated.overlay
     node = next(
@@ -237,6 +132,10 @@ def _overlay_class_sites(
     scope = _Scope(imported, generated.base, own)
     key = f"{generated.module}:{generated.name}"
     path = generated.overlay_path.as_posix()
+
+    def place(node: ast.AST) -> Place:
+        return Place(path, scopes.name(node))
+
     for member in generated.members:
         decl = member.decl
         function = _function_at(node, decl.name, decl.line)
@@ -244,15 +143,11 @@ def _overlay_class_sites(
             continue
         user = f"{key}.{decl.name}"
         if decl.kind in (MemberKind.OVERRIDE, MemberKind.EXTEND):
-            yield from _node_sites(_walked(function.body), scope, index, path, user)
+            yield from _node_sites(_walked(function.body), scope, index, user, place)
         elif decl.kind is MemberKind.FORK:
             applied = {a.edit.id for a in member.anchors}
-            for edit in decl.edits:
-                if edit.id in applied:
-                    line = _edit_line(function, edit)
-                    yield from _node_sites(
-                        _walked(_edit_code(edit)), scope, index, path, user, line
-                    )
+            code = [s for edit in decl.edits if edit.id in applied for s in _edit_code(edit)]
+            yield from _node_sites(_walked(code), scope, index, user, _all_at(place(function)))
 
 
 def _same_call(use: SiteUse) -> tuple[object, ...]:
@@ -264,7 +159,8 @@ def _same_call(use: SiteUse) -> tuple[object, ...]:
 def _cross_package_sites(
     index: UpstreamIndex, generated: GeneratedClass, namespace: ModuleNamespace
 ) -> Iterator[SiteUse]:
-    """The calls and reads of each generated fork body into a package other than its own."""
+    """The calls and reads of each generated fork body into a package other than its own, at
+    the fork (overlay classes are top-level: ``Class.member`` is its qualified name)."""
     own_package = generated.base.module.split(".", 1)[0]
     imported = {
         **{name: namespace.definition(ref) for name, ref in namespace.overlay.items()},
@@ -276,10 +172,12 @@ def _cross_package_sites(
         if member.decl.kind is not MemberKind.FORK or not isinstance(member.node, cst.FunctionDef):
             continue
         code = textwrap.dedent(cst.Module([]).code_for_node(member.node))
-        at = generated.overlay_path.as_posix()
+        at = Place(
+            generated.overlay_path.as_posix(), f"{generated.overlay.name}.{member.decl.name}"
+        )
         user = f"{key}.{member.decl.name}"
         body = _walked(ast.parse(code).body)
-        for found in _node_sites(body, scope, index, at, user, member.decl.line):
+        for found in _node_sites(body, scope, index, user, _all_at(at)):
             if found.ref.module.split(".", 1)[0] != own_package:
                 yield found
 
@@ -294,18 +192,6 @@ def _function_at(
             if first <= line <= statement.lineno:
                 return statement
     return None
-
-
-def _edit_line(function: ast.FunctionDef | ast.AsyncFunctionDef, edit: Edit) -> int:
-    """The line of the call that declares ``edit`` (its ``id=``) in the fork's decorator."""
-    for decorator in function.decorator_list:
-        for call in ast.walk(decorator):
-            if isinstance(call, ast.Call) and any(
-                k.arg == "id" and isinstance(k.value, ast.Constant) and k.value.value == edit.id
-                for k in call.keywords
-            ):
-                return call.lineno
-    return function.lineno
 
 
 def _edit_code(edit: Edit) -> list[ast.stmt]:
@@ -338,25 +224,36 @@ def _imported(tree: ast.Module, index: UpstreamIndex) -> dict[str, SymbolRef]:
     return found
 
 
-def _runtime_sites(
+def runtime_sites(
     tree: ast.Module,
     path: str,
     index: UpstreamIndex,
-    generated: Mapping[SymbolRef, GeneratedClass],
+    generated: Mapping[SymbolRef, GeneratedBase],
 ) -> Iterator[SiteUse]:
+    """The sites of one runtime file (``path``, repository-relative); ``generated``: the
+    generated classes by reference, which runtime classes may derive from."""
     imported = _imported(tree, index)
     bases = dict(imported)
     own_of_generated: dict[str, frozenset[str]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_GENERATED_PACKAGE):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            GENERATED_PACKAGE + "."
+        ):
             for alias in node.names:
                 made = generated.get(SymbolRef(str(node.module), alias.name))
                 if made is not None:
                     bases[alias.asname or alias.name] = made.base
-                    own_of_generated[alias.asname or alias.name] = frozenset(
-                        m.decl.name for m in made.members
-                    )
-    yield from _scoped_sites(tree.body, _Scope(imported), bases, own_of_generated, index, path)
+                    own_of_generated[alias.asname or alias.name] = made.own
+    scopes: list[Scopes] = []  # computed for the first site: most files have none
+
+    def place(node: ast.AST) -> Place:
+        if not scopes:
+            scopes.append(Scopes.of(tree))
+        return Place(path, scopes[0].name(node))
+
+    yield from _scoped_sites(
+        tree.body, _Scope(imported), bases, own_of_generated, index, path, place
+    )
 
 
 def _scoped_sites(
@@ -366,6 +263,7 @@ def _scoped_sites(
     own_of_generated: Mapping[str, frozenset[str]],
     index: UpstreamIndex,
     path: str,
+    place: _PlaceOf,
 ) -> Iterator[SiteUse]:
     """The sites of runtime code: ``self`` resolves in the class that encloses it, if that class
     derives from an upstream (or generated) class it names directly."""
@@ -377,7 +275,7 @@ def _scoped_sites(
                 nested.append(node)
             else:
                 nodes.append(node)
-    yield from _node_sites(nodes, scope, index, path, path)
+    yield from _node_sites(nodes, scope, index, path, place)
     for cls in nested:
         base = next(
             (
@@ -389,7 +287,7 @@ def _scoped_sites(
         )
         own = frozenset(_defined_names(cls)) | own_of_generated.get(base or "", frozenset())
         inner = _Scope(scope.imported, bases[base] if base else None, own)
-        yield from _scoped_sites(cls.body, inner, bases, own_of_generated, index, path)
+        yield from _scoped_sites(cls.body, inner, bases, own_of_generated, index, path, place)
 
 
 def _defined_names(cls: ast.ClassDef) -> set[str]:
@@ -418,17 +316,11 @@ def _walked(statements: list[ast.stmt]) -> list[ast.AST]:
 
 
 def _node_sites(
-    nodes: list[ast.AST],
-    scope: _Scope,
-    index: UpstreamIndex,
-    path: str,
-    user: str,
-    line: int | None = None,
+    nodes: list[ast.AST], scope: _Scope, index: UpstreamIndex, user: str, place: _PlaceOf
 ) -> Iterator[SiteUse]:
-    """The sites among ``nodes`` (``line``: every site's line, for code parsed from a string)."""
+    """The sites among ``nodes``, each at ``place(node)``."""
     callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
     for node in nodes:
-        at = f"{path}:{line or node.lineno}" if isinstance(node, ast.expr) else ""
         if isinstance(node, ast.Call):
             target = _resolve(node.func, scope, index, called=True)
             if target is None:
@@ -436,7 +328,7 @@ def _node_sites(
             ref, how, explicit_self = target
             positional = sum(not isinstance(a, ast.Starred) for a in node.args)
             site = Site(
-                at,
+                place(node),
                 how,
                 user,
                 positional - explicit_self,
@@ -450,9 +342,10 @@ def _node_sites(
             if target is None:
                 continue
             if isinstance(node.ctx, ast.Load):
-                yield SiteUse(target[0], SymbolUse.READ_BY_AFD, user, Site(at, SiteKind.READ, user))
+                site = Site(place(node), SiteKind.READ, user)
+                yield SiteUse(target[0], SymbolUse.READ_BY_AFD, user, site)
             else:  # AFD sets what upstream sets: a rename there leaves AFD's line doing nothing
-                site = Site(at, SiteKind.WRITE, user)
+                site = Site(place(node), SiteKind.WRITE, user)
                 yield SiteUse(target[0], SymbolUse.WRITTEN_BY_AFD, user, site)
 
 

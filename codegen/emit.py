@@ -196,7 +196,8 @@ UPSTREAM = {dict(sorted(versions.items()))!r}
 SUPPORTED = {dict(sorted(supported.items()))!r}
 #: the lock of this generation
 LOCK = {generation.lock_path.as_posix()!r}
-#: sha256 of everything the output depends on (generator, pins, overlays, upstream files)
+#: sha256 of everything the output depends on (codegen.digest: generator, pins, overlays,
+#: upstream files, what the lock records of the runtime)
 INPUTS_DIGEST = {digest!r}
 #: sha256 of each overlay file
 OVERLAYS = {dict(sorted(overlays.items()))!r}

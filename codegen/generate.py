@@ -16,8 +16,7 @@ from typing import Any
 
 import libcst as cst
 
-from afd_models.generated_registry import GENERATED_ROOT
-from codegen.call_sites import SiteUse, afd_sites
+from codegen.call_sites import GeneratedBase, SiteUse, overlay_sites
 from codegen.contracts import evaluate
 from codegen.edit import EditError, RelativeImportRewriter, SuperRewriter
 from codegen.findings import Finding, Kind, Location, Severity
@@ -39,16 +38,13 @@ from codegen.names import ModuleNamespace, global_names
 from codegen.overlay import OverlayError, load_overlay, overlay_files
 from codegen.pattern import PatternError
 from codegen.releases import applicable, parse_range
+from codegen.runtime_uses import RuntimeUses, runtime_findings, runtime_uses
 from codegen.signatures import check_signature
 
 LOCK_PATH = Path("overlay/overlay.lock")
 #: the locks of supported releases other than the primary pins
 RELEASE_LOCKS = Path("overlay/locks")
 PINS_PATH = Path("overlay/pins.toml")
-#: Hand-written runtime whose upstream imports the lock records.
-RUNTIME_ROOT = Path("afd_models")
-#: The runtime's list of upstream attributes it reads (``UPSTREAM_FIELDS``), read statically.
-UPSTREAM_FIELDS_PATH = RUNTIME_ROOT / "upstream_fields.py"
 
 
 def lock_path(primary: Mapping[str, str], versions: Mapping[str, str]) -> Path:
@@ -71,48 +67,16 @@ class Generation:
     #: the lock (filled by :func:`codegen.lock_build.build_lock`; None when generation blocked)
     lock: Lock | None = None
     findings: list[Finding] = field(default_factory=list)
-    #: upstream symbols the hand-written runtime imports: ref -> files
-    runtime_imports: dict[SymbolRef, list[str]] = field(default_factory=dict)
-    #: upstream attributes the runtime reads (:data:`UPSTREAM_FIELDS_PATH`)
-    runtime_fields: list[SymbolRef] = field(default_factory=list)
-    #: where hand-written code (overlay members, fork edits, the runtime) calls or reads upstream
+    #: where the overlay's hand-written code (members, fork edits) calls or reads upstream
     sites: list[SiteUse] = field(default_factory=list)
+    #: the hand-written runtime's uses of upstream
+    runtime: RuntimeUses = field(default_factory=lambda: RuntimeUses({}, (), ()))
     #: where this generation's lock lives (:func:`lock_path`)
     lock_path: Path = LOCK_PATH
 
     @property
     def blocked(self) -> bool:
         return any(f.severity is Severity.BLOCK for f in self.findings)
-
-
-#: the codegen modules that shape generated code and the lock (checks and reports do not)
-GENERATOR_MODULES = (
-    "markers.py",
-    "model.py",
-    "overlay.py",
-    "index.py",
-    "pattern.py",
-    "contracts.py",
-    "edit.py",
-    "names.py",
-    "generate.py",
-    "releases.py",
-    "emit.py",
-    "lock.py",
-    "signatures.py",
-    "fork.py",
-    "call_sites.py",
-)
-
-
-def generator_digest() -> str:
-    """sha256 of the generator's own source: a new generator may produce new output."""
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parent
-    for name in GENERATOR_MODULES:
-        digest.update(name.encode())
-        digest.update((package / name).read_bytes())
-    return digest.hexdigest()
 
 
 def build(repo_root: Path, index: UpstreamIndex) -> Generation:
@@ -162,51 +126,14 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
     result.findings = list(
         dict.fromkeys(result.findings)
     )  # one finding per problem, even with several bases
-    result.runtime_imports = runtime_upstream_imports(repo_root, index)
-    for ref, users in result.runtime_imports.items():
-        if (
-            not index.is_indexed_class(ref)
-            and index.resolve(ref.module, ref.qualname.split(".")[0]) is None
-        ):
-            result.findings.append(
-                Finding(
-                    Kind.UNBOUND_NAME,
-                    Severity.BLOCK,
-                    str(ref),
-                    f"the runtime imports it ({users[0]}), but upstream does not define it",
-                    Location(users[0].rsplit(":", 1)[0], int(users[0].rsplit(":", 1)[1])),
-                )
-            )
-    result.sites = afd_sites(
-        repo_root, index, result.classes, result.namespaces, runtime_files(repo_root)
-    )
-    result.runtime_fields = runtime_fields(repo_root)
-    for ref in result.runtime_fields:
-        owner, _, member = ref.qualname.partition(".")
-        if index.find_member(SymbolRef(ref.module, owner), member) is None:
-            result.findings.append(
-                Finding(
-                    Kind.TARGET_MISSING,
-                    Severity.BLOCK,
-                    str(ref),
-                    f"the runtime reads this attribute, which upstream does not define; update {UPSTREAM_FIELDS_PATH.as_posix()} and the code",
-                    Location(str(UPSTREAM_FIELDS_PATH)),
-                )
-            )
+    result.sites = overlay_sites(repo_root, index, result.classes, result.namespaces)
+    generated = {
+        c.ref: GeneratedBase(c.base, frozenset(m.decl.name for m in c.members))
+        for c in result.classes
+    }
+    result.runtime = runtime_uses(repo_root, index, generated)
+    result.findings.extend(runtime_findings(result.runtime, index))
     return result
-
-
-def runtime_fields(repo_root: Path) -> list[SymbolRef]:
-    """``UPSTREAM_FIELDS`` of :data:`UPSTREAM_FIELDS_PATH` (empty when the file does not exist)."""
-    path = repo_root / UPSTREAM_FIELDS_PATH
-    if not path.exists():
-        return []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [
-            "UPSTREAM_FIELDS"
-        ]:
-            return [SymbolRef.parse(text) for text in ast.literal_eval(node.value)]
-    return []
 
 
 def _build_class(
@@ -552,27 +479,6 @@ def _fork_failure(
     return Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, where, str(error), ours_at, upstream_at)
 
 
-def runtime_upstream_imports(repo_root: Path, index: UpstreamIndex) -> dict[SymbolRef, list[str]]:
-    """Upstream names the hand-written runtime imports (``from vllm... import X``), resolved."""
-    found: dict[SymbolRef, list[str]] = {}
-    for path in runtime_files(repo_root):
-        relative = path.relative_to(repo_root)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.ImportFrom)
-                and node.module
-                and not node.level
-                and index.owns(node.module)
-            ):
-                for alias in node.names:
-                    ref = index.resolve(node.module, alias.name) or SymbolRef(
-                        node.module, alias.name
-                    )
-                    found.setdefault(ref, []).append(f"{relative.as_posix()}:{node.lineno}")
-    return found
-
-
 def upstream_files(index: UpstreamIndex) -> dict[str, dict[str, str]]:
     """package -> {file: sha256} for every upstream module the generation read."""
     files: dict[str, dict[str, str]] = {}
@@ -587,29 +493,3 @@ def overlay_hashes(repo_root: Path) -> dict[str, str]:
         p.as_posix(): hashlib.sha256((repo_root / p).read_bytes()).hexdigest()
         for p in overlay_files(repo_root)
     }
-
-
-def runtime_files(repo_root: Path) -> list[Path]:
-    """The hand-written runtime modules (their upstream imports are recorded in the lock)."""
-    root = repo_root / RUNTIME_ROOT
-    return sorted(
-        p for p in root.rglob("*.py") if GENERATED_ROOT not in p.relative_to(repo_root).parents
-    )
-
-
-def inputs_digest(
-    repo_root: Path, overlays: dict[str, str], upstream: dict[str, dict[str, str]]
-) -> str:
-    """What the output depends on: generator, pins, overlays, runtime imports, upstream files (by hash)."""
-    digest = hashlib.sha256()
-    digest.update(generator_digest().encode())
-    digest.update((repo_root / PINS_PATH).read_bytes())
-    for name, sha in sorted(overlays.items()):
-        digest.update(f"{name}:{sha}".encode())
-    for runtime in runtime_files(repo_root):
-        digest.update(runtime.relative_to(repo_root).as_posix().encode())
-        digest.update(runtime.read_bytes())
-    for package in sorted(upstream):
-        for path, sha in sorted(upstream[package].items()):
-            digest.update(f"{path}:{sha}".encode())
-    return digest.hexdigest()

@@ -10,7 +10,7 @@ from typing import Any
 
 import libcst as cst
 
-from codegen.generate import UPSTREAM_FIELDS_PATH, Generation, calls_super
+from codegen.generate import Generation, calls_super
 from codegen.index import Member, UpstreamIndex, body_fingerprint
 from codegen.lock import (
     AnchorEntry,
@@ -27,6 +27,7 @@ from codegen.lock import (
 )
 from codegen.model import GeneratedMember, MemberKind, Signature, SymbolRef
 from codegen.names import ModuleNamespace
+from codegen.runtime_uses import UPSTREAM_FIELDS_PATH
 
 
 def describe_symbol(index: UpstreamIndex, ref: SymbolRef) -> SymbolDescription:
@@ -221,12 +222,13 @@ def build_lock(
                 )
         for name, (_, ref) in namespace.added.items():
             symbols.add(ref, SymbolUse.IMPORTED_BY_GENERATED, f"{module}:{name}")
-    for ref, users in generation.runtime_imports.items():
-        for user in users:  # by file: moving an import line does not rewrite the lock
-            symbols.add(ref, SymbolUse.IMPORTED_BY_RUNTIME, user.rsplit(":", 1)[0])
-    for ref in generation.runtime_fields:
+    runtime = generation.runtime
+    for ref, places in runtime.imports.items():
+        for at in places:  # by file: moving an import line does not rewrite the lock
+            symbols.add(ref, SymbolUse.IMPORTED_BY_RUNTIME, at.path)
+    for ref in runtime.fields:
         symbols.add(ref, SymbolUse.READ_BY_RUNTIME, UPSTREAM_FIELDS_PATH.as_posix())
-    for found in generation.sites:
+    for found in (*generation.sites, *runtime.sites):
         symbols.add(found.ref, found.use, found.user, found.site)
     return Lock(
         upstream={

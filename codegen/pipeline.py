@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from afd_models.generated_registry import GENERATED_ROOT, REGISTRY_PATH, registry_data
+from codegen.call_sites import GeneratedBase
+from codegen.digest import inputs_digest
 from codegen.drift.compare import compare
 from codegen.drift.sides import Side
 from codegen.emit import package_files, render_module, render_registry
@@ -25,7 +27,6 @@ from codegen.generate import (
     PINS_PATH,
     Generation,
     build,
-    inputs_digest,
     lock_path,
     overlay_hashes,
     upstream_files,
@@ -33,9 +34,11 @@ from codegen.generate import (
 from codegen.index import UpstreamIndex, sha256_text
 from codegen.lock import Lock, LockFormatError, read_lock, render_lock
 from codegen.lock_build import build_lock, sha256_of
-from codegen.model import OverlayClass, OverlayModule
+from codegen.model import OverlayClass, OverlayModule, SymbolRef
 from codegen.overlay import OverlayError, committed_edits
+from codegen.places import Places
 from codegen.releases import applies, parse_range
+from codegen.runtime_uses import runtime_uses
 from codegen.sources import Pin, SourceError, UpstreamSource, load_pins, locate
 
 
@@ -93,7 +96,9 @@ def generate(context: Context) -> tuple[Generation, UpstreamIndex]:
         if overlay.generated_module in generation.namespaces
     }
     files = {**package_files(modules), **modules}
-    digest = inputs_digest(context.repo_root, overlay_hashes(context.repo_root), upstream)
+    digest = inputs_digest(
+        context.repo_root, overlay_hashes(context.repo_root), upstream, generation.runtime
+    )
     generation.lock_path = context.lock_path
     supported = {package: pin.supported for package, pin in context.pins.items()}
     files[REGISTRY_PATH.as_posix()] = render_registry(
@@ -286,6 +291,7 @@ def _changed_files(
     except OverlayError:  # reported as OVL001; compare() then reports each fork as DRF060
         edits = {}
     prefix = f"the checked tree vs the pinned release {source.version}: "
+    places = Places(context.repo_root)
     findings = []
     for path, shas in sorted(changed.items()):
         if _file_sha(pinned.root / path) != shas[0]:
@@ -294,7 +300,7 @@ def _changed_files(
             continue
         drift = [
             replace(f, message=prefix + f.message)
-            for f in compare(lock, edits, old, new, files={path})
+            for f in compare(lock, edits, old, new, places, files={path})
         ]
         if drift:
             codes = ", ".join(sorted({f.code for f in drift}))
@@ -372,7 +378,8 @@ def up_to_date(context: Context) -> bool:
     """True when nothing the output depends on changed since the last regeneration.
 
     Hashes the generator, pins, overlays and the upstream files the lock lists, and the generated
-    files themselves; parses nothing.
+    files themselves; then reads what the lock would record of the runtime (its upstream imports,
+    call sites and reads: a second or so) and hashes that, never the runtime's bytes.
     """
     registry = registry_data(context.repo_root)
     try:
@@ -394,13 +401,14 @@ def up_to_date(context: Context) -> bool:
                 return False
             files[path] = sha
         upstream[package] = files
-    if inputs_digest(
-        context.repo_root, overlay_hashes(context.repo_root), upstream
-    ) != registry.get("INPUTS_DIGEST"):
-        return False
-    expected = dict(lock.generated)
-    for path, sha in expected.items():
+    for path, sha in lock.generated.items():
         file = context.repo_root / path
         if not file.exists() or hashlib.sha256(file.read_bytes()).hexdigest() != sha:
             return False
-    return True
+    generated = {
+        SymbolRef.parse(key): GeneratedBase(SymbolRef.parse(entry.base), frozenset(entry.members))
+        for key, entry in lock.classes.items()
+    }
+    runtime = runtime_uses(context.repo_root, UpstreamIndex(context.sources), generated)
+    digest = inputs_digest(context.repo_root, overlay_hashes(context.repo_root), upstream, runtime)
+    return digest == registry.get("INPUTS_DIGEST")

@@ -1,23 +1,144 @@
 """AFD's own call sites on the new release: each call or construction the lock records
 (:class:`~codegen.lock.Site`) bound against the new signature. A call that bound on the old release
 and no longer does (a keyword renamed, a required parameter added, fewer positional parameters) is a
-block naming the site; one that still binds makes the signature change info
-(:mod:`codegen.drift.symbols`). Reads of a member that is gone are losses, reported there."""
+block naming the site (its function, and the line it is on now: :class:`codegen.places.Places`);
+one that still binds makes the signature change info (:mod:`codegen.drift.symbols`). Reads of a
+member that is gone are losses, reported there."""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 
-from codegen.call_sites import binding_problem, call_signature
 from codegen.drift.sides import Side
-from codegen.findings import Finding, Kind, Location, Severity
+from codegen.findings import Finding, Kind, Severity
+from codegen.index import UpstreamIndex
 from codegen.lock import Lock, Site, SiteKind, SymbolEntry
-from codegen.model import ParamKind, Signature, SymbolRef
+from codegen.model import Param, ParamKind, Signature, SymbolRef
+from codegen.places import Places
 
 
-def site_location(site: Site) -> Location:
-    path, _, line = site.at.rpartition(":")
-    return Location(path, int(line))
+def call_signature(index: UpstreamIndex, ref: SymbolRef, how: SiteKind) -> Signature | None:
+    """The signature a call site binds against, ``self``/``cls`` left out: a function's, a
+    method's, or a class's constructor (its ``__init__``, else a dataclass's fields); None when it
+    cannot be known statically."""
+    if how is SiteKind.CONSTRUCT:
+        init = index.find_member(ref, "__init__")
+        if init is not None and init.is_method:
+            return _bound(init.signature())
+        return _dataclass_signature(index, ref)
+    owner, _, member = ref.qualname.partition(".")
+    if member:
+        found = index.find_member(SymbolRef(ref.module, owner), member)
+        if found is None or not found.is_method:
+            return None
+        signature = found.signature()
+        return signature if "staticmethod" in signature.decorators else _bound(signature)
+    info = index.module(ref.module)
+    if info is not None and ref.qualname in info.functions:
+        return Signature.from_ast(info.functions[ref.qualname])
+    return None
+
+
+def _bound(signature: Signature) -> Signature:
+    positional = (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
+    if signature.params and signature.params[0].kind in positional:
+        return Signature(signature.params[1:], signature.returns, signature.decorators)
+    return signature
+
+
+#: decorators and bases that make a class's constructor take its annotated fields
+_FIELD_CLASSES = ("dataclass", "config", "NamedTuple")
+
+
+def _dataclass_signature(index: UpstreamIndex, ref: SymbolRef) -> Signature | None:
+    """The constructor of a class built from its annotated fields (``@dataclass``, vLLM's
+    ``@config``, ``NamedTuple``): the fields of every such class along the MRO, bases first, as
+    keyword-or-positional parameters; a ``field(...)`` without ``default=`` or
+    ``default_factory=`` is required. None for any other class."""
+
+    def builds_fields(node: ast.ClassDef) -> bool:
+        marks = [*node.decorator_list, *node.bases]
+        return any(name in _FIELD_CLASSES for mark in marks for name in (_called_name(mark),))
+
+    nodes = [n for cls in index.mro(ref) if (n := index.class_node(cls)) is not None]
+    if not any(builds_fields(node) for node in nodes):
+        return None
+    fields: dict[str, Param] = {}
+    for node in reversed(nodes):
+        if not builds_fields(node):
+            continue
+        for statement in node.body:
+            if (
+                isinstance(statement, ast.AnnAssign)
+                and isinstance(statement.target, ast.Name)
+                and "ClassVar" not in ast.unparse(statement.annotation)
+            ):
+                fields[statement.target.id] = Param(
+                    statement.target.id,
+                    ParamKind.POSITIONAL_OR_KEYWORD,
+                    _field_default(statement.value),
+                )
+    return Signature(tuple(fields.values()), None)
+
+
+def _called_name(node: ast.expr) -> str:
+    """``dataclass`` of ``@dataclass``, ``@dataclass(frozen=True)``, ``dataclasses.dataclass``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _field_default(value: ast.expr | None) -> str | None:
+    """A field's default as source text; None when the field is required."""
+    if value is None:
+        return None
+    if isinstance(value, ast.Call) and _called_name(value) == "field":
+        given = {k.arg for k in value.keywords}
+        if not given & {"default", "default_factory"}:
+            return None
+    return ast.unparse(value)
+
+
+def binding_problem(signature: Signature, site: Site) -> str | None:
+    """Why a call with ``site``'s arguments does not bind to ``signature``; None when it does."""
+    if site.how not in (SiteKind.CALL, SiteKind.CONSTRUCT):
+        return None
+    params = signature.params
+    positional = [
+        p for p in params if p.kind in (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
+    ]
+    var_positional = any(p.kind is ParamKind.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind is ParamKind.VAR_KEYWORD for p in params)
+    if site.positional > len(positional) and not var_positional:
+        return f"takes {len(positional)} positional argument(s), AFD passes {site.positional}"
+    bound = {p.name for p in positional[: site.positional]}
+    by_name = {p.name: p for p in params}
+    for keyword in site.keywords:
+        param = by_name.get(keyword)
+        accepts = param is not None and param.kind in (
+            ParamKind.POSITIONAL_OR_KEYWORD,
+            ParamKind.KEYWORD_ONLY,
+        )
+        if not accepts and not var_keyword:
+            return f"has no parameter {keyword!r}, which AFD passes by keyword"
+        if keyword in bound:
+            return f"gets {keyword!r} twice: by position and by keyword"
+        bound.add(keyword)
+    if site.unpacked:
+        return None  # *args / **kwargs may supply the rest
+    required = [
+        p.name
+        for p in params
+        if p.default is None
+        and p.kind not in (ParamKind.VAR_POSITIONAL, ParamKind.VAR_KEYWORD)
+        and p.name not in bound
+    ]
+    if required:
+        return f"requires {', '.join(map(repr, required))}, which AFD does not pass"
+    return None
 
 
 def calls(entry: SymbolEntry, elsewhere: frozenset[str] = frozenset()) -> list[Site]:
@@ -70,10 +191,10 @@ def _positional(signature: Signature) -> list[str]:
 
 
 def site_findings(
-    lock: Lock, old: Side, new: Side, elsewhere: frozenset[str] = frozenset()
+    lock: Lock, old: Side, new: Side, places: Places, elsewhere: frozenset[str] = frozenset()
 ) -> Iterator[Finding]:
     """One block per recorded call site the new release no longer accepts (``elsewhere``: the
-    overlay members the new release does not get, whose calls do not count)."""
+    overlay members the new release does not get, whose calls do not count), at its line now."""
     for key, entry in lock.symbols.items():
         if not entry.sites:
             continue
@@ -85,9 +206,9 @@ def site_findings(
                 Kind.DRIFT_CALL_SITE,
                 Severity.BLOCK,
                 key,
-                f"AFD's call at {site.at} fails on {new.version}: {ref.qualname} {problem}; "
+                f"AFD's call in {site.at} fails on {new.version}: {ref.qualname} {problem}; "
                 f"change the call to the new signature",
-                ours=site_location(site),
+                ours=places.location(site, ref),
                 upstream=old.location(ref),
                 target=new.location(ref),
                 old=_arguments(site),

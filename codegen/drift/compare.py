@@ -14,6 +14,7 @@ from codegen.drift.symbols import OverlayMembers, symbol_findings
 from codegen.findings import Finding, Kind, Severity
 from codegen.lock import Lock, SymbolUse
 from codegen.markers import Edit
+from codegen.places import Places
 
 #: findings of a lost upstream symbol
 _LOSS = (Kind.DRIFT_REMOVED, Kind.DRIFT_MOVED, Kind.DRIFT_RENAMED, Kind.DRIFT_KIND)
@@ -54,6 +55,7 @@ def compare(
     overlay_edits: dict[tuple[str, str], tuple[Edit, ...]],
     old: Side,
     new: Side,
+    places: Places,
     *,
     files: set[str] | None = None,
     own: frozenset[str] | None = None,
@@ -64,6 +66,7 @@ def compare(
     ``files``: only symbols defined in these upstream files (paths as the lock records them).
     ``own``: the global names AFD's own members use (:func:`_unused_on_new`).
     ``members``: what the overlay declares (:func:`symbol_findings`).
+    ``places``: this repository's files, where findings about AFD's own uses find their lines.
     """
     if files is not None:
         lock = _restricted(lock, files)
@@ -74,10 +77,10 @@ def compare(
     bodies.complete &= files is None  # a restricted lock rebases only some forks
     findings = [
         _unused_on_new(f, lock, bodies, own)
-        for f in symbol_findings(lock, old, new, renames, sites, members)
+        for f in symbol_findings(lock, old, new, places, renames, sites, members)
     ]
     limited = members.elsewhere if members is not None else frozenset()
-    calls = list(site_findings(lock, old, new, limited))
+    calls = list(site_findings(lock, old, new, places, limited))
     elsewhere = members.contracts_elsewhere if members is not None else frozenset()
     return findings + forks + list(contract_findings(lock, old, new, elsewhere)) + calls
 

@@ -5,8 +5,9 @@ A finding's symbol is an upstream symbol of the lock (``module:Qual``; ``#id`` f
 generated class or member (``module:Class[.member][#edit]``) or an architecture AFD registers.
 Each lands on the overlay declaration that uses it (a member, its edit, a contract, a
 ``relies_on`` key, an import, the fork whose upstream body uses a name the generated code
-imports), the runtime's import of it, or its line in ``afd_models/upstream_fields.py`` or
-``afd_models/plugin.py``; failing those, on its entry in the lock.
+imports), the runtime's import of it, its line in ``afd_models/upstream_fields.py`` or
+``afd_models/plugin.py``, or the runtime's use of it (the line the recorded function holds it on
+now, :mod:`codegen.places`); failing those, on its entry in the lock.
 """
 
 from __future__ import annotations
@@ -21,31 +22,35 @@ from pathlib import Path
 from codegen.drift.contracts import relied_ref
 from codegen.drift.sides import Side
 from codegen.findings import Finding, Kind, Location
-from codegen.generate import LOCK_PATH, UPSTREAM_FIELDS_PATH, runtime_upstream_imports
+from codegen.generate import LOCK_PATH
 from codegen.lock import Lock
 from codegen.model import MemberKind, SymbolRef
 from codegen.overlay import declared_members
+from codegen.places import Places
+from codegen.runtime_uses import UPSTREAM_FIELDS_PATH, runtime_upstream_imports
 
 #: where AFD registers its architectures (``AFD_ARCHITECTURES``)
 PLUGIN_PATH = "afd_models/plugin.py"
 
 
 def locate_ours(
-    findings: Sequence[Finding], repo_root: Path, lock: Lock, lock_path: Path, old: Side
+    findings: Sequence[Finding], places: Places, lock: Lock, lock_path: Path, old: Side
 ) -> list[Finding]:
-    """``findings`` with ``ours`` set where it is None. ``lock`` describes the ``old`` side;
-    ``lock_path`` is its file (the primary lock when that file does not exist)."""
-    repository = _Repository(repo_root, lock, lock_path, old)
+    """``findings`` with ``ours`` set where it is None. ``places``: this repository's files;
+    ``lock`` describes the ``old`` side; ``lock_path`` is its file (the primary lock when that
+    file does not exist)."""
+    repository = _Repository(places, lock, lock_path, old)
     return [f if f.ours else replace(f, ours=repository.location(f)) for f in findings]
 
 
 class _Repository:
     """The overlay, runtime and lock files, read once each as findings ask for them."""
 
-    def __init__(self, repo_root: Path, lock: Lock, lock_path: Path, old: Side):
-        self.root = repo_root
+    def __init__(self, places: Places, lock: Lock, lock_path: Path, old: Side):
+        self.places = places
+        self.root = places.root
         self.lock = lock
-        self.lock_path = (lock_path if (repo_root / lock_path).is_file() else LOCK_PATH).as_posix()
+        self.lock_path = (lock_path if (self.root / lock_path).is_file() else LOCK_PATH).as_posix()
         self.old = old
         self._texts: dict[str, str] = {}
         self._trees: dict[str, ast.Module] = {}
@@ -76,11 +81,13 @@ class _Repository:
         """Where ``user`` (a lock ``used_by`` entry) uses ``key``."""
         if not user.startswith("afd_models._generated."):  # a runtime file
             for place in self._runtime_imports.get(key, ()):
-                path, _, line = place.rpartition(":")
-                if path == user:
-                    return Location(path, int(line))
+                if place.path == user:
+                    return place
             if user == UPSTREAM_FIELDS_PATH.as_posix():
                 return Location(user, self._line(user, f'"{key}"'))
+            for site in self.lock.symbols[key].sites:
+                if site.by == user:
+                    return self.places.location(site, SymbolRef.parse(key))
             return Location(user)
         module, _, name = user.partition(":")
         owner, _, member = name.partition(".")
@@ -155,8 +162,8 @@ class _Repository:
         }
 
     @functools.cached_property
-    def _runtime_imports(self) -> dict[str, list[str]]:
-        """Upstream symbol -> the runtime's imports of it (``path:line``)."""
+    def _runtime_imports(self) -> dict[str, tuple[Location, ...]]:
+        """Upstream symbol -> the runtime's imports of it, where they are now."""
         found = runtime_upstream_imports(self.root, self.old.index)
         return {str(ref): places for ref, places in found.items()}
 

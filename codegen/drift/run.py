@@ -34,6 +34,7 @@ from codegen.model import MemberKind, OverlayClass, Signature
 from codegen.names import global_names
 from codegen.overlay import committed_edits, declared_members
 from codegen.pipeline import Context, generate, open_context, up_to_date
+from codegen.places import Places
 from codegen.releases import applies, release_key
 from codegen.report import as_markdown
 from codegen.sources import Pin, load_pins, locate
@@ -131,18 +132,20 @@ def run_drift(
         }
     if lock is not None:
         old, new = Side(old_version, old_index), Side(new_version, new_index)
+        places = Places(repo_root)
         findings.extend(
             compare(
                 lock,
                 edits,
                 old,
                 new,
+                places,
                 own=own_names(repo_root),
                 members=overlay_members(repo_root, new_context.versions),
             )
         )
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
-        findings = locate_ours(findings, repo_root, lock, old_context.lock_path, old)
+        findings = locate_ours(findings, places, lock, old_context.lock_path, old)
     origins = {
         "from": old_context.sources[package].origin,
         "to": new_context.sources[package].origin,

@@ -7,7 +7,7 @@ import ast
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from codegen.drift.call_sites import broken_sites, calls, site_location
+from codegen.drift.call_sites import broken_sites, calls
 from codegen.drift.contracts import ContractKey, contract_ids
 from codegen.drift.renames import Rename, relocated
 from codegen.drift.sides import Side, body_diff
@@ -26,6 +26,7 @@ from codegen.lock import (
 from codegen.lock_build import describe_symbol
 from codegen.markers import Delta, DifferenceKind
 from codegen.model import ParamKind, Signature, SymbolRef
+from codegen.places import Places
 from codegen.releases import applicable
 from codegen.signatures import check_signature, differences
 
@@ -111,6 +112,7 @@ def symbol_findings(
     lock: Lock,
     old: Side,
     new: Side,
+    places: Places,
     renames: dict[str, Rename] | None = None,
     sites: dict[str, list[str]] | None = None,
     members: OverlayMembers | None = None,
@@ -132,7 +134,7 @@ def symbol_findings(
                 yield _renamed(rename, entry.uses, users, old, (sites or {}).get(key, []))
             else:
                 yield from _one_symbol(
-                    ref, entry, users, old, new, sorted(contracts.get(key, ())), members
+                    ref, entry, users, old, new, places, sorted(contracts.get(key, ())), members
                 )
         except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
             yield Finding(
@@ -170,6 +172,7 @@ def _one_symbol(
     users: str,
     old: Side,
     new: Side,
+    places: Places,
     contract_ids: list[str],
     members: OverlayMembers | None = None,
 ) -> Iterator[Finding]:
@@ -191,9 +194,9 @@ def _one_symbol(
         ):  # every user is an overlay member limited (when=) to releases that still have it
             severity = Severity.INFO
             users += "; each is limited by its when= to other releases"
-        ours = site_location(entry.sites[0]) if entry.sites else None
+        ours = places.location(entry.sites[0], ref) if entry.sites else None
         if entry.sites:
-            users += "; AFD's code uses it at " + ", ".join(site.at for site in entry.sites[:3])
+            users += "; AFD's code uses it in " + ", ".join(str(s.at) for s in entry.sites[:3])
         if moved is not None:
             kind, where = moved
             yield Finding(
@@ -230,7 +233,7 @@ def _one_symbol(
                 f"no method that runs on {owner} sets it in {new.version}; only "
                 f"{setter.ref.qualname.rpartition('.')[0]} does, at {setter.module.path}:"
                 f"{setter.line} (used by {users}): check the value AFD reads",
-                ours=site_location(entry.sites[0]) if entry.sites else None,
+                ours=places.location(entry.sites[0], ref) if entry.sites else None,
                 upstream=before,
                 target=Location(str(setter.module.path), setter.line),
                 old=key,

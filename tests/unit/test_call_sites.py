@@ -6,9 +6,8 @@ import ast
 
 import pytest
 
-from codegen.call_sites import _field_default, binding_problem
-from codegen.drift.call_sites import _shifted
-from codegen.lock import Site, SiteKind
+from codegen.drift.call_sites import _field_default, _shifted, binding_problem
+from codegen.lock import Place, Site, SiteKind
 from codegen.model import Signature
 
 
@@ -20,7 +19,12 @@ def signature(text: str) -> Signature:
 
 def call(positional: int = 0, *keywords: str, unpacked: bool = False) -> Site:
     return Site(
-        "afd_models/x.py:1", SiteKind.CALL, "afd_models/x.py", positional, tuple(keywords), unpacked
+        Place("afd_models/x.py", "f"),
+        SiteKind.CALL,
+        "afd_models/x.py",
+        positional,
+        tuple(keywords),
+        unpacked,
     )
 
 
@@ -57,7 +61,7 @@ def test_calls_that_do_not_bind(text: str, site: Site, problem: str) -> None:
 
 @pytest.mark.parametrize("how", [SiteKind.READ, SiteKind.WRITE])
 def test_a_read_or_write_always_binds(how: SiteKind) -> None:
-    assert binding_problem(signature("(a)"), Site("x.py:1", how, "x.py")) is None
+    assert binding_problem(signature("(a)"), Site(Place("x.py", "f"), how, "x.py")) is None
 
 
 @pytest.mark.parametrize(

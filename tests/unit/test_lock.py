@@ -103,6 +103,12 @@ def test_another_format_is_refused_naming_the_fix() -> None:
             ),
             ".sites[0].how: 'calls' is not one of call, construct, read",
         ),
+        (  # a site at a line, as format 5 recorded it
+            lambda d: next(v for v in d["symbols"].values() if "sites" in v)["sites"][0].update(
+                at="afd_models/models/plan.py:39"
+            ),
+            ".sites[0].at: 'afd_models/models/plan.py:39' is not file:function",
+        ),
     ],
 )
 def test_a_malformed_lock_names_the_key(change: Any, named: str) -> None:

@@ -1,4 +1,5 @@
-"""CI must fail on a commit that changed the overlay but not the lock: `nox -s tests` checks first."""
+"""CI must fail on a commit that changed the overlay but not the lock: `nox -s tests` checks first.
+A commit that changes no upstream use of the runtime changes no lock."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import noxfile
+from codegen.generate import LOCK_PATH
+from codegen.lock import render_lock
+from codegen.pipeline import generate, open_context
 from tests.checkout import tracked_copy
 
 OVERLAY = "overlay/vllm/model_executor/models/deepseek_v2.py"
@@ -45,6 +49,29 @@ def test_stale_lock_fails_the_committed_check(tmp_path: Path) -> None:
     assert (
         "overlay/overlay.lock" in stale.stdout and "overlay/locks/vllm-0.28.0.lock" in stale.stdout
     )
+
+
+def test_runtime_edits_that_change_no_upstream_use_leave_the_lock(tmp_path: Path) -> None:
+    """On a copy of this checkout: a new function in the Kubernetes writer, a comment atop worker
+    modules and a command-line module that call upstream (every line below it moves) and inside
+    the function that constructs vLLM's ``CompilationConfig``: the regenerated lock (with the
+    hashes of the generated code, the registry's inputs digest among them) is the committed one,
+    byte for byte."""
+    root = tracked_copy(tmp_path / "clone")
+    k8s = root / "afd_models/deploy/k8s.py"
+    k8s.write_text(k8s.read_text() + "\n\ndef _unused() -> int:\n    return 1\n")
+    for module in ("worker_config.py", "runner_roles.py", "cli/gloo_bench.py"):
+        path = root / "afd_models" / module
+        path.write_text("# a comment: every line below moves\n\n" + path.read_text())
+    worker_config = root / "afd_models/worker_config.py"
+    lines = worker_config.read_text().splitlines(keepends=True)
+    [at] = [n for n, line in enumerate(lines) if "CompilationConfig(" in line]
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    lines[at:at] = [f"{indent}# the FFN side compiles its own graphs\n", "\n"]
+    worker_config.write_text("".join(lines))
+    generation, _ = generate(open_context(root, quiet=True))
+    assert generation.lock is not None, [f.one_line() for f in generation.findings]
+    assert render_lock(generation.lock) == (root / LOCK_PATH).read_text()
 
 
 def _commands(pythons: dict[str, str]) -> list[tuple[str, ...]]:
