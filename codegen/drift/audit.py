@@ -18,8 +18,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from afd_models.commandline import ExitCode
 from codegen.drift.run import drift_markdown, run_drift
-from codegen.findings import ExitCode, Finding, Kind, Severity, exit_code, summary
+from codegen.findings import Finding, Kind, Severity, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, write_lock, write_output
 from codegen.releases import release_key

@@ -1,5 +1,10 @@
-"""No import cycle among the project's modules: ``codegen/``, ``afd_models/`` (the generated code
-left out) and ``tools/``, read statically.
+"""The house rules of the project's imports, read statically from ``codegen/``, ``afd_models/``
+(the generated code left out) and ``tools/``:
+
+* no import cycle among modules;
+* the shipped runtime (``afd_models/``, its operator commands included) never imports the
+  generator (``codegen``) or the repository's tools (``tools``): what they share is below all
+  of them (``afd_models.commandline``, ``afd_models.generated_registry``, ...).
 
 Every import counts, wherever it is written: at module level, inside a function (a lazy import
 only postpones the cycle), under ``if TYPE_CHECKING:`` (a layering loop all the same), relative
@@ -20,6 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: the directories walked, and what is left out of them
 ROOTS = ("codegen", "afd_models", "tools")
 EXCLUDED = ("afd_models/_generated",)
+#: the shipped runtime, and what it never imports
+RUNTIME = "afd_models"
+ABOVE_THE_RUNTIME = ("codegen", "tools")
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,33 @@ def test_no_import_cycle() -> None:
     assert "codegen.pipeline" in graph and "afd_models.plugin" in graph  # the walk found them
     found = [describe(c) for c in cycles(graph)]
     assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def within(name: str, package: str) -> bool:
+    """Whether module ``name`` is ``package`` or lies inside it."""
+    return name == package or name.startswith(package + ".")
+
+
+def crossings(
+    graph: Mapping[str, list[Edge]], importers: str, forbidden: tuple[str, ...]
+) -> list[str]:
+    """Each import written in a module inside ``importers`` of a module inside one of
+    ``forbidden``, as ``path:line imports target``."""
+    found = [
+        f"{edge.path}:{edge.line} imports {edge.target}"
+        for name, written in sorted(graph.items())
+        if within(name, importers)
+        for edge in written
+        if any(within(edge.target, package) for package in forbidden)
+    ]
+    return list(dict.fromkeys(found))  # an import of a.b is an edge to a and to a.b
+
+
+def test_the_runtime_never_imports_codegen_or_tools() -> None:
+    """Nothing in afd_models/ (its commands included) imports codegen or tools, not even lazily:
+    they stand above the runtime, which reads what they write (the generated code), never them."""
+    found = crossings(import_graph(REPO), RUNTIME, ABOVE_THE_RUNTIME)
+    assert not found, "the runtime imports the generator or the tools:\n" + "\n".join(found)
 
 
 def _package(root: Path, files: dict[str, str]) -> dict[str, list[Edge]]:

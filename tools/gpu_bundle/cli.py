@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 from tools.gpu_bundle.build import build_bundle
 from tools.gpu_bundle.install import assemble, install
 from tools.gpu_bundle.manifest import (

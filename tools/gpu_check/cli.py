@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 from codegen.releases import release_key
 from tools.gpu_check import runs
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare

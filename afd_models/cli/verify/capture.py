@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from afd_models.cli.verify.errors import VerifyError
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 
 if TYPE_CHECKING:
     import torch

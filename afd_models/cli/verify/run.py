@@ -33,7 +33,7 @@ from afd_models.cli.verify.compare import TOLERANCE, PlacementReport, compare, s
 from afd_models.cli.verify.errors import VerifyError
 from afd_models.cli.verify.shrink import shrink
 from afd_models.cli.verify.validate import check_fields, check_size, load_config, validate
-from codegen.findings import CommandParser, ExitCode
+from afd_models.commandline import CommandParser, ExitCode
 
 
 def main(argv: list[str] | None = None) -> int:
