@@ -9,6 +9,8 @@ never breaks, or logs into, a vLLM run that does not use AFD. The AFD workers ch
 
 from __future__ import annotations
 
+from afd_models.release_order import minor_release, release_key
+
 #: the package of the generated modules: each mirrors the upstream module it subclasses
 GENERATED = "afd_models._generated.vllm"
 
@@ -96,21 +98,15 @@ SINGLE_LANE: dict[str, str] = {
 }
 
 
-def release_numbers(version: str) -> tuple[int, ...]:
-    """``0.30.0+cpu`` -> ``(0, 30, 0)``: the release numbers, for comparing two releases."""
-    numbers = version.split("+", 1)[0].split("rc", 1)[0].split(".")
-    return tuple(int(n) for n in numbers if n.isdigit())
-
-
 def served_on(vllm_version: str) -> dict[str, tuple[str, str]]:
     """The entries of AFD_ARCHITECTURES that vLLM ``vllm_version`` is served with (AFD name,
     ``module:Class`` under GENERATED), on any platform."""
-    release = release_numbers(vllm_version)
+    release = release_key(vllm_version)
     served = {}
     for native, (afd_name, path) in AFD_ARCHITECTURES.items():
-        if native in FIRST_RELEASE and release < release_numbers(FIRST_RELEASE[native]):
+        if native in FIRST_RELEASE and release < release_key(FIRST_RELEASE[native]):
             continue
-        if native in OWN_CLASS_SINCE and release >= release_numbers(OWN_CLASS_SINCE[native][0]):
+        if native in OWN_CLASS_SINCE and release >= release_key(OWN_CLASS_SINCE[native][0]):
             path = OWN_CLASS_SINCE[native][1]
         served[native] = (afd_name, path)
     return served
@@ -120,7 +116,7 @@ def served_platforms(native: str, vllm_version: str) -> tuple[str, ...] | None:
     """The platforms (:func:`model_platform` names) whose implementation of ``native`` AFD's
     class on vLLM ``vllm_version`` is generated from; None: every platform."""
     own = OWN_CLASS_SINCE.get(native)
-    if own is not None and release_numbers(vllm_version) >= release_numbers(own[0]):
+    if own is not None and release_key(vllm_version) >= release_key(own[0]):
         return own[2]
     return PLATFORMS.get(native)
 
@@ -165,7 +161,7 @@ def afd_architecture(
             f"implementation only, not for this platform ({platform!r})"
         )
     releases, why = UPSTREAM_CANNOT_RUN.get((native, platform), ((), ""))
-    if release_numbers(vllm_version)[:2] in {release_numbers(r) for r in releases}:
+    if minor_release(vllm_version) in {minor_release(r) for r in releases}:
         raise ValueError(
             f"architecture {native!r} cannot be served on vLLM {vllm_version} ({platform}): "
             f"{why}; AFD's classes for it are generated and checked, and serve once a vLLM "
@@ -189,8 +185,14 @@ def register() -> None:
     """
     from vllm import ModelRegistry, __version__
 
+    try:
+        served = registrations(__version__)
+    except ValueError:
+        # a vLLM build that does not know its release (``__version__`` "dev"): nothing is
+        # registered, never an error here; the AFD workers refuse it, naming the version
+        return
     existing = ModelRegistry.models
-    for name, path in registrations(__version__).items():
+    for name, path in served.items():
         current = existing.get(name)
         if current is not None:
             current_path = (

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from afd_models.commandline import ExitCode
+from afd_models.release_order import release_key
 from codegen.drift.run import drift_markdown, run_drift
 from codegen.findings import Finding, Kind, Severity, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, write_lock, write_output
-from codegen.releases import release_key
 from codegen.report import as_json, counts, ordered
 from codegen.sources import SourceError, choose_version, load_pins
 

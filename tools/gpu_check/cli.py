@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from afd_models.commandline import CommandParser
-from codegen.releases import release_key
+from afd_models.release_order import release_key
 from tools.gpu_check import runs
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare
 from tools.gpu_check.modes import MODES, VLLM_VERSION, Gate, Mode
