@@ -14,7 +14,7 @@ from _results import write_section
 from mutations import run, summarize
 
 from afd_models.release_order import release_key
-from codegen.drift.run import run_drift
+from codegen.drift_run import run_drift
 from codegen.findings import Finding, Severity
 from codegen.report import counts
 from codegen.sources import load_pins

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from afd_models.commandline import CommandParser, ExitCode
+from codegen.audit import run_audit
 from codegen.checks.suite import run_checks
-from codegen.drift.audit import run_audit
-from codegen.drift.run import UnknownPackage, drift_markdown, run_drift
+from codegen.drift_run import UnknownPackage, drift_markdown, run_drift
 from codegen.fetch import FetchError
 from codegen.findings import Finding, exit_code, summary
 from codegen.generate import PINS_PATH

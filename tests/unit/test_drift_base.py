@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from afd_models.release_order import release_key
-from codegen.drift.run import default_base
+from codegen.drift_run import default_base
 from codegen.generate import PINS_PATH
 from codegen.sources import Pin, load_pins
 
