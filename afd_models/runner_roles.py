@@ -24,7 +24,6 @@ from afd_models.connectors.base import (
     AFDPeerLostError,
     FFNConnector,
 )
-from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.connectors.p2p.rendezvous import PROBE_EVERY_S
 from afd_models.ffn_compile import ffn_layer_model
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
@@ -41,6 +40,7 @@ from afd_models.models.ffn import token_id_layers
 from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
 from afd_models.step_vote import StepVote, Verdict, engine_vote
+from afd_models.wiring.connect import prepare_attention, prepare_ffn
 
 logger = get_logger(__name__)
 

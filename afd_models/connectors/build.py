@@ -1,5 +1,5 @@
-"""What the factory hands a connector's builders (named by its row of
-:data:`afd_models.connectors.specs.SPECS`), and what they return.
+"""What the connect steps (:mod:`afd_models.wiring.connect`) hand a connector's builders (named
+by its row of :data:`afd_models.connectors.specs.SPECS`), and what they return.
 
 A builder runs before the model is built, so that whatever can fail without weights (a CAM
 kernel library off an NPU) fails first; what it returns is called with the loaded model's

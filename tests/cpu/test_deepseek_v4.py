@@ -38,7 +38,7 @@ from vllm.forward_context import create_forward_context, set_forward_context
 
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
 from afd_models.connectors.base import AFDConnectionError, LayerInput
-from afd_models.connectors.loopback import LoopbackConnector
+from afd_models.wiring.loopback import LoopbackConnector
 from afd_models.ffn_server import ffn_output
 from afd_models.models.remote import bind_connector
 from tests.cpu.role_models import load_role_model, start_single_rank, worker_refusal

@@ -809,7 +809,7 @@ def test_ffn_without_handshake_is_reported() -> None:
 
 
 def _engine_config(path: str, quantization: str | None = None, **model: object) -> object:
-    """What :mod:`afd_models.connectors.factory` reads of an engine config: a model read from
+    """What :mod:`afd_models.wiring.connect` reads of an engine config: a model read from
     ``path``, with ``model`` config values."""
     from transformers import DeepseekV2Config
 
@@ -831,7 +831,7 @@ def test_fingerprint_of_an_engine() -> None:
     """The factory's fingerprint: the AFD config, the layers, the model's size and dtype, an
     identity that ignores where the model was read from, and the installed version."""
     from afd_models.config import AFDConfigError, parse_afd_config
-    from afd_models.connectors.factory import fingerprint, model_identity, project_version
+    from afd_models.wiring.connect import fingerprint, model_identity, project_version
 
     afd = parse_afd_config(
         {
@@ -912,7 +912,7 @@ def _parallel_engine(
 def test_worker_role_rank_counts_dp_ranks_from_the_engines_offset(
     role: str, a: int, f: int, offset: int, dp_size: int, tp_size: int, ranks: list[int]
 ) -> None:
-    from afd_models.connectors.factory import worker_role_rank
+    from afd_models.wiring.connect import worker_role_rank
 
     got = [
         worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, dp_rank, tp_size))
@@ -976,7 +976,7 @@ def test_engines_that_do_not_fit_the_topology_are_refused_before_loading(
     role: str, a: int, f: int, offset: int, dp_size: int, tp_size: int, port: int, message: str
 ) -> None:
     from afd_models.config import AFDConfigError
-    from afd_models.connectors.factory import worker_role_rank
+    from afd_models.wiring.connect import worker_role_rank
 
     with pytest.raises(AFDConfigError) as raised:
         worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))

@@ -4,7 +4,10 @@
 * no import cycle among modules;
 * the shipped runtime (``afd_models/``, its operator commands included) never imports the
   generator (``codegen``) or the repository's tools (``tools``): what they share is below all
-  of them (``afd_models.commandline``, ``afd_models.generated_registry``, ...).
+  of them (``afd_models.commandline``, ``afd_models.generated_registry``, ...);
+* the transports (``afd_models/connectors/``) never import the workers, the models or the FFN
+  server: the wiring that connects a worker's model to its connector is the floor above them
+  (``afd_models/wiring/``).
 
 Every import counts, wherever it is written: at module level, inside a function (a lazy import
 only postpones the cycle), under ``if TYPE_CHECKING:`` (a layering loop all the same), relative
@@ -28,6 +31,21 @@ EXCLUDED = ("afd_models/_generated",)
 #: the shipped runtime, and what it never imports
 RUNTIME = "afd_models"
 ABOVE_THE_RUNTIME = ("codegen", "tools")
+#: the transports, and what they never import: the workers, the models, the FFN server, and the
+#: wiring and commands above them all
+TRANSPORTS = "afd_models.connectors"
+ABOVE_THE_TRANSPORTS = (
+    "afd_models.workers",
+    "afd_models.worker_config",
+    "afd_models.runner_roles",
+    "afd_models.scheduler",
+    "afd_models.models",
+    "afd_models.ffn_server",
+    "afd_models.ffn_compile",
+    "afd_models.wiring",
+    "afd_models.cli",
+    "afd_models.deploy",
+)
 
 
 @dataclass(frozen=True)
@@ -204,6 +222,13 @@ def test_the_runtime_never_imports_codegen_or_tools() -> None:
     they stand above the runtime, which reads what they write (the generated code), never them."""
     found = crossings(import_graph(REPO), RUNTIME, ABOVE_THE_RUNTIME)
     assert not found, "the runtime imports the generator or the tools:\n" + "\n".join(found)
+
+
+def test_the_transports_never_import_workers_models_or_the_ffn_server() -> None:
+    """Nothing in afd_models/connectors/ imports a worker, a model, the FFN server or the wiring
+    above them, so a transport can be tested, and reasoned about, with tensors and sockets alone."""
+    found = crossings(import_graph(REPO), TRANSPORTS, ABOVE_THE_TRANSPORTS)
+    assert not found, "a transport imports a floor above it:\n" + "\n".join(found)
 
 
 def _package(root: Path, files: dict[str, str]) -> dict[str, list[Edge]]:
