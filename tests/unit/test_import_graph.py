@@ -1,7 +1,10 @@
 """The house rules of the project's imports, read statically from ``codegen/``, ``afd_models/``
 (the generated code left out) and ``tools/``:
 
-* no import cycle among modules;
+* no import cycle among modules, nor among packages: the children of one package (its modules
+  and subpackages, each standing for everything inside it) import one another without a cycle,
+  so ``afd_models.cli`` importing ``afd_models.deploy`` while ``afd_models.deploy`` imports
+  ``afd_models.cli`` fails even where no module cycle closes;
 * the shipped runtime (``afd_models/``, its operator commands included) never imports the
   generator (``codegen``) or the repository's tools (``tools``): what they share is below all
   of them (``afd_models.commandline``, ``afd_models.generated_registry``, ...);
@@ -197,6 +200,32 @@ def test_no_import_cycle() -> None:
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
+def package_graph(graph: Mapping[str, list[Edge]]) -> dict[str, list[Edge]]:
+    """Every import lifted to the children of the innermost package holding both ends (an import
+    of ``a.x.m`` from ``a.y.n`` is an edge ``a.y -> a.x``); a module importing a package that
+    encloses it, or is inside it, is no edge between siblings."""
+    lifted: dict[str, list[Edge]] = {}
+    for name, written in graph.items():
+        for edge in written:
+            source, target = name.split("."), edge.target.split(".")
+            common = 0
+            while common < min(len(source), len(target)) and source[common] == target[common]:
+                common += 1
+            if common in (len(source), len(target)):
+                continue
+            child, imported = ".".join(source[: common + 1]), ".".join(target[: common + 1])
+            lifted.setdefault(child, []).append(Edge(imported, edge.path, edge.line))
+            lifted.setdefault(imported, [])
+    return lifted
+
+
+def test_no_package_cycle() -> None:
+    """The packages of codegen/, afd_models/ and tools/ import one another without a cycle:
+    each package is one floor of its parent."""
+    found = [describe(c) for c in cycles(package_graph(import_graph(REPO)))]
+    assert not found, "package import cycles:\n" + "\n".join(found)
+
+
 def within(name: str, package: str) -> bool:
     """Whether module ``name`` is ``package`` or lies inside it."""
     return name == package or name.startswith(package + ".")
@@ -286,3 +315,24 @@ def test_no_cycle_without_one(tmp_path: Path) -> None:
         },
     )
     assert cycles(graph) == []
+
+
+def test_a_package_cycle_without_a_module_cycle_is_found(tmp_path: Path) -> None:
+    """Two packages whose modules import each other's other modules form no module cycle, but a
+    package cycle, reported with both import lines."""
+    graph = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/cli/__init__.py": "",
+            "pkg/cli/serve.py": "from pkg.deploy.spec import WORKERS\n",
+            "pkg/deploy/__init__.py": "",
+            "pkg/deploy/spec.py": "WORKERS = {}\n",
+            "pkg/deploy/run.py": "from pkg.cli import serve\n",
+        },
+    )
+    assert cycles(graph) == []
+    (cycle,) = cycles(package_graph(graph))
+    assert describe(cycle) == (
+        "pkg.cli -> pkg.deploy -> pkg.cli (imports at pkg/cli/serve.py:1, pkg/deploy/run.py:1)"
+    )

@@ -4,7 +4,6 @@ no NPU needed."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.util
 import json
@@ -22,6 +21,8 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
+from afd_models.config import Role
+from afd_models.launch import worker_class
 from tools import npu_check
 from tools.harness.cli import UsageError
 from tools.harness.processes import REPO_ROOT
@@ -644,35 +645,19 @@ def test_the_doc_selects_the_plugins_this_repo_installs() -> None:
     assert names == list(NPU_PLUGINS)
 
 
-def module_literals(path: Path) -> dict[str, Any]:
-    """A module's top-level names bound to literals, from its source (nothing is imported)."""
-    literals: dict[str, Any] = {}
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            if isinstance(target, ast.Name):
-                try:
-                    literals[target.id] = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-    return literals
-
-
 def test_the_doc_names_the_workers_this_repo_exports() -> None:
-    """The --worker-cls paths are the NPU workers afd_models.workers names (``NPU_WORKERS``, read
-    without importing vLLM), one per role; the Attention one is what npu_check runs."""
-    exported = module_literals(ROOT / "afd_models" / "workers.py")["NPU_WORKERS"]
+    """The --worker-cls paths are the NPU workers of the worker-class table
+    (``afd_models.launch``, read without importing vLLM), one per role; the Attention one is what
+    npu_check runs."""
     blocks = recipe_blocks()
     workers = {
         role: flag(serve_args(blocks[role]), "--worker-cls") for role in ("ffn", "attention")
     }
     assert workers == {
         "ffn": "afd_models.workers.AFDFFNNPUWorker",
-        "attention": npu_check.ATTENTION_WORKER,
+        "attention": npu_check.ATTENTION_WORKER.path,
     }
-    for path in workers.values():
-        module, _, name = path.rpartition(".")
-        assert module == "afd_models.workers" and name in exported
+    assert workers == {role.value: worker_class("npu", role).path for role in Role}
 
 
 def test_the_doc_launches_2a1f_with_camp2p_on_npu() -> None:

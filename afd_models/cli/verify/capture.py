@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from afd_models.cli.verify.errors import VerifyError
 from afd_models.commandline import CommandParser
+from afd_models.config import Role
+from afd_models.launch import worker_class
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +89,7 @@ def capture(model_dir: str, mode: Mode, settings: RunSettings, out: str) -> None
     )
     if mode is not Mode.NATIVE:
         kwargs.update(
-            worker_cls="afd_models.workers.AFDAttentionCPUWorker",
+            worker_cls=worker_class("cpu", Role.ATTENTION).path,
             additional_config={
                 "afd": {
                     "role": "attention",
