@@ -26,7 +26,7 @@ from codegen.lock import Lock
 from codegen.model import MemberKind, SymbolRef
 from codegen.overlay import declared_members
 
-#: where AFD registers its architectures (``AFD_ARCHITECTURES``)
+#: where AFD registers its architectures (the ``Architecture`` rows of ``ARCHITECTURES``)
 PLUGIN_PATH = "afd_models/plugin.py"
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from afd_models.plugin import (
-    AFD_ARCHITECTURES,
+    ARCHITECTURES,
+    BY_NATIVE,
     GENERATED,
     afd_architecture,
     registrations,
     served_on,
 )
+from afd_models.release_order import release_key
+from codegen.drift.model_registry import native_architectures
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.28.0+cpu"])
@@ -24,7 +29,7 @@ def test_v32_is_served_with_the_v3_class_before_it_has_its_own(version: str) -> 
     assert registrations(version)["AFDDeepseekV32ForCausalLM"] == (
         f"{GENERATED}.model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM"
     )
-    assert set(served_on(version)) == set(AFD_ARCHITECTURES) - {"DeepseekV4ForCausalLM"}
+    assert set(served_on(version)) == set(BY_NATIVE) - {"DeepseekV4ForCausalLM"}
 
 
 @pytest.mark.parametrize("version", ["0.30.0+cpu", "0.32.0"])
@@ -61,7 +66,7 @@ def test_v32_is_served_from_its_own_cuda_class_where_vllm_gives_it_one(version: 
         afd_architecture("DeepseekV3ForCausalLM", version, "cuda", tensor_parallel_size=2)
         == "AFDDeepseekV3ForCausalLM"
     )
-    assert set(served_on(version)) == set(AFD_ARCHITECTURES)
+    assert set(served_on(version)) == set(BY_NATIVE)
 
 
 def test_an_architecture_without_an_afd_model_is_refused() -> None:
@@ -113,3 +118,19 @@ def test_a_vllm_that_does_not_know_its_release_is_refused_naming_it() -> None:
         afd_architecture("DeepseekV2ForCausalLM", "dev", "cpu")
     with pytest.raises(ValueError, match="'dev' is not a release"):
         registrations("dev")
+
+
+def test_each_row_lists_its_classes_oldest_first() -> None:
+    """A row's classes serve from their ``since`` on, in order: the first one may serve every
+    release, the later ones start at later releases."""
+    for row in ARCHITECTURES:
+        since = [c.since for c in row.classes]
+        assert all(s is not None for s in since[1:]), row.native
+        keys = [release_key(s) for s in since if s is not None]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys), row.native
+
+
+def test_drift_reads_the_rows_the_runtime_serves() -> None:
+    """``codegen drift`` reads the native architectures from plugin.py without importing it."""
+    repo = Path(__file__).resolve().parents[2]
+    assert native_architectures(repo) == [row.native for row in ARCHITECTURES]
