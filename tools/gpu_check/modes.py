@@ -183,15 +183,8 @@ def mode_named(name: str) -> Mode:
     raise KeyError(name)
 
 
-class Gate(str, enum.Enum):
-    """Where the MoE gate runs (``compute_gate_on_attention``)."""
-
-    ATTENTION = "attention"
-    FFN = "ffn"
-
-    @property
-    def on_attention(self) -> bool:
-        return self is Gate.ATTENTION
+#: where the MoE gate runs: the role that computes it (``compute_gate_on_attention``: ATTENTION)
+Gate = Role
 
 
 def counter_problems(mode: Mode, counters: Counters) -> list[str]:

@@ -148,7 +148,7 @@ def run_parity(setup: Setup) -> CheckResult:
     afd_args = {
         **ENGINE_ARGS,
         "worker_cls": ATTENTION_WORKER.path,
-        "additional_config": {"afd": {"role": "attention", "connector": LOOPBACK}},
+        "additional_config": {"afd": {"role": ATTENTION_WORKER.role.value, "connector": LOOPBACK}},
     }
     afd = run_engine(
         EngineSpec("afd-loopback", str(setup.model), afd_args, afd_attention=True),

@@ -34,9 +34,9 @@ class Mode(enum.Enum):
     AFD_GATE_ON_ATTENTION = "afd-attention"
 
     @staticmethod
-    def afd(gate_on: str) -> Mode:
-        """The AFD run with the gate on ``gate_on`` (``"ffn"`` or ``"attention"``)."""
-        return Mode(f"afd-{gate_on}")
+    def afd(gate: Role) -> Mode:
+        """The AFD run with the gate on the ``gate`` role."""
+        return Mode(f"afd-{gate.value}")
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def capture(model_dir: str, mode: Mode, settings: RunSettings, out: str) -> None
             worker_cls=worker_class("cpu", Role.ATTENTION).path,
             additional_config={
                 "afd": {
-                    "role": "attention",
+                    "role": Role.ATTENTION.value,
                     "connector": "LoopbackAFDConnector",
                     "compute_gate_on_attention": mode is Mode.AFD_GATE_ON_ATTENTION,
                 }
