@@ -17,7 +17,6 @@ from afd_models.topology import Group
 
 if TYPE_CHECKING:
     import torch
-    from vllm.config import VllmConfig
 
 
 @dataclass(frozen=True)
@@ -68,10 +67,3 @@ class PrepareFFN(Protocol):
     """A connector's FFN builder (its spec's ``ffn``)."""
 
     def __call__(self, site: Site) -> ConnectFFN: ...
-
-
-class InProcessAttention(Protocol):
-    """An in-process connector's builder: the Attention side with its FFN half already built from
-    the engine config (before the Attention model, which needs it to exist)."""
-
-    def __call__(self, vllm_config: VllmConfig) -> AFDConnector: ...

@@ -166,7 +166,7 @@ class ConnectorSpec:
     peer_restart: bool = False
     #: ``"module:function"`` preparing the Attention side: for a peer connector a
     #: :class:`~afd_models.connectors.build.PrepareAttention`, for the in-process plane an
-    #: :class:`~afd_models.connectors.build.InProcessAttention`; None: not served
+    #: :class:`~afd_models.wiring.connect.InProcessAttention`; None: not served
     attention: str | None
     #: ``"module:function"`` preparing the FFN side, a
     #: :class:`~afd_models.connectors.build.PrepareFFN`; None: no FFN engine, or not served

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from afd_models.cli.serve import free_port
+from afd_models.config import AFDConfig, parse_afd_config
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import Group, groups
@@ -883,8 +884,8 @@ def _parallel_engine(
     dp_rank: int,
     tp_size: int = 1,
     port: int = 29650,
-) -> Any:
-    """What worker_role_rank reads of an engine config."""
+) -> tuple[Any, AFDConfig]:
+    """What worker_role_rank reads of an engine config (with its AFD section parsed)."""
     parallel = SimpleNamespace(
         data_parallel_size=dp_size, data_parallel_rank=dp_rank, tensor_parallel_size=tp_size
     )
@@ -895,7 +896,7 @@ def _parallel_engine(
         "rank_offset": offset,
         "port": port,
     }
-    return SimpleNamespace(parallel_config=parallel, additional_config={"afd": afd})
+    return SimpleNamespace(parallel_config=parallel), parse_afd_config(afd)
 
 
 @pytest.mark.parametrize(
@@ -915,7 +916,7 @@ def test_worker_role_rank_counts_dp_ranks_from_the_engines_offset(
     from afd_models.wiring.connect import worker_role_rank
 
     got = [
-        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, dp_rank, tp_size))
+        worker_role_rank(*_parallel_engine(role, a, f, offset, dp_size, dp_rank, tp_size))
         for dp_rank in range(dp_size)
     ]
     assert got == ranks
@@ -979,7 +980,7 @@ def test_engines_that_do_not_fit_the_topology_are_refused_before_loading(
     from afd_models.wiring.connect import worker_role_rank
 
     with pytest.raises(AFDConfigError) as raised:
-        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))
+        worker_role_rank(*_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))
     assert str(raised.value).startswith(message)
 
 
