@@ -10,7 +10,9 @@
   of them (``afd_models.commandline``, ``afd_models.generated_registry``, ...);
 * the transports (``afd_models/connectors/``) never import the workers, the models or the FFN
   server: the wiring that connects a worker's model to its connector is the floor above them
-  (``afd_models/wiring/``).
+  (``afd_models/wiring/``);
+* the tool packages' ``__init__`` files import nothing (they re-export nothing: tests import
+  the modules they test).
 
 Every import counts, wherever it is written: at module level, inside a function (a lazy import
 only postpones the cycle), under ``if TYPE_CHECKING:`` (a layering loop all the same), relative
@@ -258,6 +260,29 @@ def test_the_transports_never_import_workers_models_or_the_ffn_server() -> None:
     above them, so a transport can be tested, and reasoned about, with tensors and sockets alone."""
     found = crossings(import_graph(REPO), TRANSPORTS, ABOVE_THE_TRANSPORTS)
     assert not found, "a transport imports a floor above it:\n" + "\n".join(found)
+
+
+#: tool packages whose ``__init__`` still re-exports: the GPU check and bundle, rewritten in
+#: parallel (issue 54); their rewrite drops these
+RE_EXPORTING_TOOLS = ("tools/gpu_check/__init__.py", "tools/gpu_bundle/__init__.py")
+
+
+def test_the_tool_packages_re_export_nothing() -> None:
+    """A tool package's ``__init__`` is its docstring: a name has one home, its module."""
+    inits = sorted(REPO.glob("tools/*/__init__.py"))
+    assert len(inits) >= 4
+    found = []
+    for path in [REPO / "tools/__init__.py", *inits]:
+        relative = path.relative_to(REPO).as_posix()
+        if relative in RE_EXPORTING_TOOLS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), relative)
+        found += [
+            f"{relative}:{node.lineno}"
+            for node in tree.body
+            if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        ]
+    assert not found, "tool packages that hold more than a docstring:\n" + "\n".join(found)
 
 
 def _package(root: Path, files: dict[str, str]) -> dict[str, list[Edge]]:
