@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from afd_models.connectors.specs import (
+    AUTH_TOKEN_ENV,
     CONNECTORS,
     PLATFORM_DEFAULTS,
     SPECS,
@@ -46,8 +47,6 @@ MAX_TIMEOUT_S = 365 * 24 * 3600.0
 #: the most AIV cores a CAM kernel may ask for (an Ascend 910 die has 48)
 MAX_CORE_NUM = 48
 
-#: the environment variable that may hold the deployment's shared secret
-AUTH_TOKEN_ENV = "AFD_AUTH_TOKEN"
 #: the fewest bytes a shared secret may have (a random 128-bit token, hex: 32)
 MIN_SECRET_BYTES = 16
 #: the most bytes a secret file may hold (a token, not a key store)

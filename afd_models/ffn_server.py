@@ -23,7 +23,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
 
-from afd_models.config import Role, require_afd_config
+from afd_models.config import AFDConfig
 from afd_models.connectors.base import (
     AFDConnectionError,
     AFDPeerGoneError,
@@ -232,6 +232,7 @@ class FFNServer:
         vllm_config: VllmConfig,
         connector: FFNConnector,
         *,
+        afd: AFDConfig,
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
@@ -257,7 +258,6 @@ class FFNServer:
         self.token_ids = bool(token_id_layers(model))
         self.hidden_size = hidden_size
         self.dtype = dtype
-        afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
         self.num_attention_ranks, self.num_ffn_ranks = afd.num_attention_ranks, afd.num_ffn_ranks
         #: hosts the group again once the peers left (None: the server fails instead); called
         #: with ``stop``, an event that ends its wait early

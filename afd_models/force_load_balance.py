@@ -230,10 +230,12 @@ def balanced_quant_config(quant_config: Any, modelslim: type[Any], afd_modelslim
     return afd_modelslim.from_config(quant_config.quant_description)
 
 
-def with_balanced_moe(vllm_config: Any) -> Any:
+def with_balanced_moe(vllm_config: Any, afd: AFDConfig) -> Any:
     """The FFN NPU engine's ``vllm_config`` with AFD's ModelSlim config when force load balance is
-    on (its W8A8-dynamic MoE layers then get AFD's scheme); unchanged when it is off."""
-    if ForceLoadBalanceSettings.from_vllm_config(vllm_config) is None:
+    on in its parsed AFD section ``afd`` (its W8A8-dynamic MoE layers then get AFD's scheme);
+    unchanged when it is off."""
+    max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+    if ForceLoadBalanceSettings.from_afd_config(afd, max_num_tokens=max_num_tokens) is None:
         return vllm_config
     from vllm_ascend.quantization.modelslim_config import AscendModelSlimConfig
 

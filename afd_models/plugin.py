@@ -1,7 +1,8 @@
 """The ``vllm.general_plugins`` entry point: register the AFD model classes under AFD names.
 
 vLLM calls :func:`register` in every process it starts. Native architecture names keep resolving
-to vLLM's own classes; the AFD workers ask for the ``AFD``-prefixed names below. Registration is
+to vLLM's own classes; the AFD workers ask for the ``AFD``-prefixed names of the architecture
+table (:data:`ARCHITECTURES`, one frozen row per native architecture). Registration is
 by ``"module:Class"`` string, so nothing is imported until a worker builds the model. This module
 imports nothing generated and checks nothing: a checkout whose generated code is missing or stale
 never breaks, or logs into, a vLLM run that does not use AFD. The AFD workers check it at start.
@@ -9,120 +10,156 @@ never breaks, or logs into, a vLLM run that does not use AFD. The AFD workers ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from afd_models.release_order import minor_release, release_key
+
 #: the package of the generated modules: each mirrors the upstream module it subclasses
 GENERATED = "afd_models._generated.vllm"
 
-#: native architecture -> (AFD architecture name, ``module:Class`` under GENERATED).
-#: A new model family is one overlay file plus its entries here (docs/maintainers.md).
-AFD_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "DeepseekForCausalLM": (
-        "AFDDeepseekForCausalLM",
-        "model_executor.models.deepseek_v2:AFDDeepseekForCausalLM",
+
+@dataclass(frozen=True, kw_only=True)
+class AFDClass:
+    """One AFD model class an architecture is served with, from a vLLM release on."""
+
+    #: the class, ``module:Class`` under GENERATED
+    path: str
+    #: the first vLLM release (``major.minor``) served with it; None: every release
+    since: str | None = None
+    #: the platforms (:func:`model_platform` names) whose implementation it is generated from,
+    #: where vLLM picks one per platform; AFD refuses the architecture by name on the others.
+    #: None: every platform
+    platforms: tuple[str, ...] | None = None
+    #: why it serves one tensor-parallel lane per role (the AFD workers refuse
+    #: ``--tensor-parallel-size`` above 1 for it, before an engine starts); None: any number
+    single_lane: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamCannotRun:
+    """vLLM releases whose own model of an architecture fails on a platform: AFD refuses it there
+    by name, before an engine starts."""
+
+    #: the platform (a :func:`model_platform` name)
+    platform: str
+    #: the releases, as ``major.minor``
+    releases: tuple[str, ...]
+    #: why, for the refusal
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture:
+    """One native architecture AFD serves: a row of the architecture table."""
+
+    #: vLLM's name of it (``architectures`` in the model's config)
+    native: str
+    #: the name AFD registers its model under, which the AFD workers ask vLLM for
+    afd_name: str
+    #: its AFD classes, oldest first: a release is served with the last one whose ``since`` it
+    #: reached, and not at all before the first one's
+    classes: tuple[AFDClass, ...]
+    #: where vLLM's own model of it cannot run
+    upstream_cannot_run: tuple[UpstreamCannotRun, ...] = ()
+
+    def served_class(self, vllm_version: str) -> AFDClass | None:
+        """The class vLLM ``vllm_version`` is served with (None: not served on that release)."""
+        release = release_key(vllm_version)
+        reached = [c for c in self.classes if c.since is None or release >= release_key(c.since)]
+        return reached[-1] if reached else None
+
+
+#: every architecture AFD serves, one row each. A new model family is one overlay file plus its
+#: rows here (docs/maintainers.md, "Adding a model family").
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture(
+        native="DeepseekForCausalLM",
+        afd_name="AFDDeepseekForCausalLM",
+        classes=(AFDClass(path="model_executor.models.deepseek_v2:AFDDeepseekForCausalLM"),),
     ),
-    "DeepseekV2ForCausalLM": (
-        "AFDDeepseekV2ForCausalLM",
-        "model_executor.models.deepseek_v2:AFDDeepseekV2ForCausalLM",
+    Architecture(
+        native="DeepseekV2ForCausalLM",
+        afd_name="AFDDeepseekV2ForCausalLM",
+        classes=(AFDClass(path="model_executor.models.deepseek_v2:AFDDeepseekV2ForCausalLM"),),
     ),
-    "DeepseekV3ForCausalLM": (
-        "AFDDeepseekV3ForCausalLM",
-        "model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM",
+    Architecture(
+        native="DeepseekV3ForCausalLM",
+        afd_name="AFDDeepseekV3ForCausalLM",
+        classes=(AFDClass(path="model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM"),),
     ),
-    # before 0.30 vLLM serves V3.2 with its V3 class (the sparse indexer is switched by the
-    # config); from 0.30 AFD serves its overlay of V3.2's own class (OWN_CLASS_SINCE)
-    "DeepseekV32ForCausalLM": (
-        "AFDDeepseekV32ForCausalLM",
-        "model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM",
+    Architecture(
+        native="DeepseekV32ForCausalLM",
+        afd_name="AFDDeepseekV32ForCausalLM",
+        classes=(
+            # before 0.30 vLLM serves V3.2 with its V3 class (the sparse indexer is switched by
+            # the config)
+            AFDClass(path="model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM"),
+            # vLLM 0.30's vllm/models/deepseek_v32/__init__.py: the DSA class on CUDA, the V3
+            # class elsewhere; AFD serves its overlay of the CUDA class, and refuses V3.2
+            # elsewhere by name
+            AFDClass(
+                path="models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM",
+                since="0.30",
+                platforms=("cuda",),
+                single_lane=(
+                    "vLLM's DeepSeek-V3.2 decoder layers leave their MoE and dense MLP outputs "
+                    "unreduced across tensor-parallel ranks and fold the all-reduce into the next "
+                    "layer's norm, while AFD's exchange hands every lane the whole output, which "
+                    "that all-reduce would add up once per lane"
+                ),
+            ),
+        ),
     ),
-    # vLLM picks V4's implementation by platform (vllm/models/deepseek_v4/__init__.py); AFD
-    # has an overlay of the CPU one
-    "DeepseekV4ForCausalLM": (
-        "AFDDeepseekV4ForCausalLM",
-        "models.deepseek_v4.cpu.model:AFDDeepseekV4ForCausalLM",
+    Architecture(
+        native="DeepseekV4ForCausalLM",
+        afd_name="AFDDeepseekV4ForCausalLM",
+        # vLLM picks V4's implementation by platform (vllm/models/deepseek_v4/__init__.py): AFD
+        # has an overlay of the CPU one, new in 0.30 (vLLM has V4 on CUDA, ROCm and XPU before)
+        classes=(
+            AFDClass(
+                path="models.deepseek_v4.cpu.model:AFDDeepseekV4ForCausalLM",
+                since="0.30",
+                platforms=("cpu",),
+            ),
+        ),
+        upstream_cannot_run=(
+            UpstreamCannotRun(
+                platform="cpu",
+                releases=("0.30", "0.32"),
+                why="vLLM's own DeepSeek-V4 fails its first step on the CPU platform: its "
+                "attention metadata kernels are Triton-only (docs/reports/deepseek-v4-on-cpu.md)",
+            ),
+        ),
     ),
-    "Qwen3MoeForCausalLM": (
-        "AFDQwen3MoeForCausalLM",
-        "model_executor.models.qwen3_moe:AFDQwen3MoeForCausalLM",
+    Architecture(
+        native="Qwen3MoeForCausalLM",
+        afd_name="AFDQwen3MoeForCausalLM",
+        classes=(AFDClass(path="model_executor.models.qwen3_moe:AFDQwen3MoeForCausalLM"),),
     ),
-}
-
-
-#: native architecture -> (the first vLLM release that gives it a model class of its own, the
-#: ``module:Class`` under GENERATED of AFD's overlay of that class, the platforms (as
-#: :func:`model_platform` names them) vLLM picks that class on): AFD serves it as
-#: AFD_ARCHITECTURES says on the releases before, with the overlay from then on, and refuses it
-#: by name on the other platforms
-OWN_CLASS_SINCE: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    # vLLM 0.30's vllm/models/deepseek_v32/__init__.py: the DSA class on CUDA, the V3 class elsewhere
-    "DeepseekV32ForCausalLM": (
-        "0.30",
-        "models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM",
-        ("cuda",),
-    ),
-}
-
-#: native architecture -> the first vLLM release with the implementation AFD's class is generated
-#: from (V4: vLLM has it on CUDA, ROCm and XPU before 0.30; its CPU implementation is new in 0.30)
-FIRST_RELEASE: dict[str, str] = {
-    "DeepseekV4ForCausalLM": "0.30",
-}
-
-#: native architecture -> the platforms (:func:`model_platform` names) whose implementation AFD's
-#: class is generated from; an architecture not named here is served on every platform
-PLATFORMS: dict[str, tuple[str, ...]] = {
-    "DeepseekV4ForCausalLM": ("cpu",),
-}
-
-
-#: (native architecture, platform) -> (the vLLM releases, as ``major.minor``, whose own model
-#: of it fails on that platform, why): AFD refuses it there by name, before an engine starts
-UPSTREAM_CANNOT_RUN: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
-    ("DeepseekV4ForCausalLM", "cpu"): (
-        ("0.30", "0.32"),
-        "vLLM's own DeepSeek-V4 fails its first step on the CPU platform: its attention metadata "
-        "kernels are Triton-only (docs/reports/deepseek-v4-on-cpu.md)",
-    ),
-}
-
-
-#: AFD class (``module:Class`` under GENERATED) -> why it serves one tensor-parallel lane per role:
-#: the AFD workers refuse ``--tensor-parallel-size`` above 1 for it, before an engine starts
-SINGLE_LANE: dict[str, str] = {
-    "models.deepseek_v32.nvidia.model:AFDDeepseekV32ForCausalLM": (
-        "vLLM's DeepSeek-V3.2 decoder layers leave their MoE and dense MLP outputs unreduced "
-        "across tensor-parallel ranks and fold the all-reduce into the next layer's norm, while "
-        "AFD's exchange hands every lane the whole output, which that all-reduce would add up "
-        "once per lane"
-    ),
-}
-
-
-def release_numbers(version: str) -> tuple[int, ...]:
-    """``0.30.0+cpu`` -> ``(0, 30, 0)``: the release numbers, for comparing two releases."""
-    numbers = version.split("+", 1)[0].split("rc", 1)[0].split(".")
-    return tuple(int(n) for n in numbers if n.isdigit())
+)
+#: native architecture -> its row
+BY_NATIVE: Mapping[str, Architecture] = MappingProxyType({a.native: a for a in ARCHITECTURES})
 
 
 def served_on(vllm_version: str) -> dict[str, tuple[str, str]]:
-    """The entries of AFD_ARCHITECTURES that vLLM ``vllm_version`` is served with (AFD name,
+    """The architectures vLLM ``vllm_version`` is served with: native -> (AFD name,
     ``module:Class`` under GENERATED), on any platform."""
-    release = release_numbers(vllm_version)
     served = {}
-    for native, (afd_name, path) in AFD_ARCHITECTURES.items():
-        if native in FIRST_RELEASE and release < release_numbers(FIRST_RELEASE[native]):
-            continue
-        if native in OWN_CLASS_SINCE and release >= release_numbers(OWN_CLASS_SINCE[native][0]):
-            path = OWN_CLASS_SINCE[native][1]
-        served[native] = (afd_name, path)
+    for row in ARCHITECTURES:
+        found = row.served_class(vllm_version)
+        if found is not None:
+            served[row.native] = (row.afd_name, found.path)
     return served
 
 
 def served_platforms(native: str, vllm_version: str) -> tuple[str, ...] | None:
     """The platforms (:func:`model_platform` names) whose implementation of ``native`` AFD's
-    class on vLLM ``vllm_version`` is generated from; None: every platform."""
-    own = OWN_CLASS_SINCE.get(native)
-    if own is not None and release_numbers(vllm_version) >= release_numbers(own[0]):
-        return own[2]
-    return PLATFORMS.get(native)
+    class on vLLM ``vllm_version`` (its first one, before it is served) is generated from; None:
+    every platform."""
+    row = BY_NATIVE[native]
+    return (row.served_class(vllm_version) or row.classes[0]).platforms
 
 
 def registrations(vllm_version: str) -> dict[str, str]:
@@ -148,36 +185,40 @@ def afd_architecture(
         ValueError: the architecture has no AFD model on that release or platform, or not for
             that many tensor-parallel ranks.
     """
-    if native in FIRST_RELEASE and native not in served_on(vllm_version):
+    row = BY_NATIVE.get(native)
+    if row is None:
         raise ValueError(
-            f"architecture {native!r} has an AFD model from vLLM {FIRST_RELEASE[native]}, the "
-            f"first release with vLLM's {', '.join(PLATFORMS[native])} implementation of it, "
+            f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(BY_NATIVE))}"
+        )
+    served = row.served_class(vllm_version)
+    if served is None:
+        first = row.classes[0]
+        implementation = ", ".join(first.platforms) + " " if first.platforms else ""
+        raise ValueError(
+            f"architecture {native!r} has an AFD model from vLLM {first.since}, the "
+            f"first release with vLLM's {implementation}implementation of it, "
             f"which AFD's class is generated from; not on vLLM {vllm_version}"
         )
-    if native not in AFD_ARCHITECTURES:
+    if served.platforms is not None and platform not in served.platforms:
         raise ValueError(
-            f"architecture {native!r} has no AFD model; supported: {', '.join(sorted(AFD_ARCHITECTURES))}"
-        )
-    platforms = served_platforms(native, vllm_version)
-    if platforms is not None and platform not in platforms:
-        raise ValueError(
-            f"architecture {native!r} has an AFD model for vLLM's {', '.join(platforms)} "
+            f"architecture {native!r} has an AFD model for vLLM's {', '.join(served.platforms)} "
             f"implementation only, not for this platform ({platform!r})"
         )
-    releases, why = UPSTREAM_CANNOT_RUN.get((native, platform), ((), ""))
-    if release_numbers(vllm_version)[:2] in {release_numbers(r) for r in releases}:
-        raise ValueError(
-            f"architecture {native!r} cannot be served on vLLM {vllm_version} ({platform}): "
-            f"{why}; AFD's classes for it are generated and checked, and serve once a vLLM "
-            "release runs it there"
-        )
-    single_lane = SINGLE_LANE.get(served_on(vllm_version)[native][1])
-    if single_lane is not None and tensor_parallel_size > 1:
+    for cannot in row.upstream_cannot_run:
+        if cannot.platform == platform and minor_release(vllm_version) in {
+            minor_release(r) for r in cannot.releases
+        }:
+            raise ValueError(
+                f"architecture {native!r} cannot be served on vLLM {vllm_version} ({platform}): "
+                f"{cannot.why}; AFD's classes for it are generated and checked, and serve once a "
+                "vLLM release runs it there"
+            )
+    if served.single_lane is not None and tensor_parallel_size > 1:
         raise ValueError(
             f"--tensor-parallel-size={tensor_parallel_size} is not supported with AFD for "
-            f"architecture {native!r} on vLLM {vllm_version}: {single_lane}; allowed: 1"
+            f"architecture {native!r} on vLLM {vllm_version}: {served.single_lane}; allowed: 1"
         )
-    return AFD_ARCHITECTURES[native][0]
+    return row.afd_name
 
 
 def register() -> None:
@@ -189,8 +230,14 @@ def register() -> None:
     """
     from vllm import ModelRegistry, __version__
 
+    try:
+        served = registrations(__version__)
+    except ValueError:
+        # a vLLM build that does not know its release (``__version__`` "dev"): nothing is
+        # registered, never an error here; the AFD workers refuse it, naming the version
+        return
     existing = ModelRegistry.models
-    for name, path in registrations(__version__).items():
+    for name, path in served.items():
         current = existing.get(name)
         if current is not None:
             current_path = (

@@ -3,6 +3,10 @@
 
 The overlays declare one subclass per upstream class family, since each has its own signatures,
 decorators and graph wrapper; their bodies call these for the part that is the same everywhere.
+
+A worker parses its AFD section once (:func:`afd_models.worker_config.prepare_worker_config`),
+keeps the :class:`~afd_models.config.AFDConfig` as ``afd_config`` and hands it to the runner it
+builds (:func:`build_runner`); everything here reads it from there, never the section again.
 """
 
 from __future__ import annotations
@@ -17,14 +21,13 @@ from typing import Any, NoReturn
 
 from vllm.distributed import get_tensor_model_parallel_rank
 
-from afd_models.config import Role, require_afd_config
+from afd_models.config import AFDConfig
 from afd_models.connectors.base import (
     AFDConnectionError,
     AFDConnector,
     AFDPeerLostError,
     FFNConnector,
 )
-from afd_models.connectors.factory import prepare_attention, prepare_ffn
 from afd_models.connectors.p2p.rendezvous import PROBE_EVERY_S
 from afd_models.ffn_compile import ffn_layer_model
 from afd_models.ffn_server import FFNServer, ForwardContext, vllm_forward_context
@@ -41,12 +44,21 @@ from afd_models.models.ffn import token_id_layers
 from afd_models.models.remote import bind_connector
 from afd_models.step_failures import FailedStepOutput, failed_step_output
 from afd_models.step_vote import StepVote, Verdict, engine_vote
+from afd_models.wiring.connect import prepare_attention, prepare_ffn
 
 logger = get_logger(__name__)
 
 #: where vLLM's Model Runner V2 lives (vLLM's CUDA default since 0.29); every other runner a
 #: worker builds derives from the V1 runner
 MODEL_RUNNER_V2_MODULE = "vllm.v1.worker.gpu.model_runner"
+
+
+def build_runner(runner_class: type, worker: Any) -> Any:
+    """The AFD runner ``runner_class`` of ``worker`` (built as vLLM builds its runners), holding
+    the worker's parsed AFD config as ``afd_config``."""
+    runner = runner_class(worker.vllm_config, worker.device)
+    runner.afd_config = worker.afd_config
+    return runner
 
 
 def attention_runner_class(upstream: type) -> type:
@@ -112,7 +124,10 @@ def load_attention(
     computes during vLLM's profiling forward, which comes later) and is bound to the model's
     remote proxies. Returns the connector and the graph steps that announce graph replays.
     """
-    connect = prepare_attention(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
+    afd: AFDConfig = runner.afd_config
+    connect = prepare_attention(
+        runner.vllm_config, afd, get_tensor_model_parallel_rank(), runner.device
+    )
     load()
     connector = connect(runner.get_model())
     model = runner.get_model()
@@ -121,7 +136,7 @@ def load_attention(
     # half was built before, so it counts here, or the KV cache would take its memory
     if hasattr(runner, "model_memory_usage"):
         runner.model_memory_usage += connector.in_process_weight_bytes()
-    runner.afd_restarts = step_restarts(runner.vllm_config)
+    runner.afd_restarts = step_restarts(afd)
     return connector, AttentionGraphSteps(connector)
 
 
@@ -143,7 +158,9 @@ def load_ffn(runner: Any, load: Callable[[], None]) -> FFNConnector:
     ``connect_timeout_s``). The connector is prepared first: topology and kernel errors come
     before any weight is read. The layers compile before the connect, so that no step of a
     connected Attention peer waits for a compilation (its ``timeout_s`` may be shorter)."""
-    connect = prepare_ffn(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
+    connect = prepare_ffn(
+        runner.vllm_config, runner.afd_config, get_tensor_model_parallel_rank(), runner.device
+    )
     load()
     model = runner.get_model()
     runner.afd_ffn_layers = ffn_layer_model(model, runner.vllm_config, runner.device)
@@ -170,10 +187,12 @@ def start_ffn_server(
         if device_graphs and device_type in GRAPH_CLASSES
         else None
     )
+    afd: AFDConfig = runner.afd_config
     server = FFNServer(
         runner.get_model(),
         runner.vllm_config,
         connector,
+        afd=afd,
         hidden_size=runner.model_config.get_hidden_size(),
         dtype=runner.model_config.dtype,
         device=runner.device,
@@ -182,9 +201,7 @@ def start_ffn_server(
         forward_context=forward_context,
         reconnect=_ffn_reconnect(runner),
         layer_model=runner.afd_ffn_layers,
-        vote=engine_vote(
-            require_afd_config(runner.vllm_config.additional_config).peer_restart_timeout_s
-        ),
+        vote=engine_vote(afd.peer_restart_timeout_s),
     )
     server.start()
     return server
@@ -193,10 +210,10 @@ def start_ffn_server(
 def _ffn_reconnect(runner: Any) -> Callable[..., FFNConnector] | None:
     """How the FFN server connects again once its peers left: the worker's connect step, with
     the loaded model and ``peer_restart_timeout_s`` as its connect timeout (None when off)."""
-    afd = require_afd_config(runner.vllm_config.additional_config, role=Role.FFN)
+    afd: AFDConfig = runner.afd_config
     if not afd.peer_restart_timeout_s:
         return None
-    connect = prepare_ffn(runner.vllm_config, get_tensor_model_parallel_rank(), runner.device)
+    connect = prepare_ffn(runner.vllm_config, afd, get_tensor_model_parallel_rank(), runner.device)
     return functools.partial(
         connect, runner.get_model(), connect_timeout_s=afd.peer_restart_timeout_s
     )
@@ -214,9 +231,9 @@ class StepRestarts:
         return verdict if self.vote is None else self.vote.tally(verdict)
 
 
-def step_restarts(vllm_config: Any) -> StepRestarts | None:
+def step_restarts(afd: AFDConfig) -> StepRestarts | None:
     """The runner's :class:`StepRestarts`; None when ``peer_restart_timeout_s`` is 0."""
-    restart_s = require_afd_config(vllm_config.additional_config).peer_restart_timeout_s
+    restart_s = afd.peer_restart_timeout_s
     return StepRestarts(restart_s, engine_vote(restart_s)) if restart_s else None
 
 

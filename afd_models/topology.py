@@ -1,7 +1,7 @@
 """Which worker talks to which: role ranks, FFN-first groups, per-FFN token counts.
 
 Pure functions, no vLLM: every rule is unit-tested over a grid of topologies, and the live code
-calls these functions (the connector factory for groups, the FFN server for token counts).
+calls these functions (the connect steps for groups, the FFN server for token counts).
 
 * A worker's **role rank** is its index among the DP ranks of its role: its engine's
   ``rank_offset`` plus its DP rank (:func:`role_rank`; PP is not supported by AFD). Its TP rank is

@@ -47,7 +47,8 @@ from afd_models.config import (
 )
 from afd_models.connectors.specs import CONNECTORS, SPECS
 from afd_models.log import get_logger
-from afd_models.plugin import afd_architecture, model_platform, release_numbers
+from afd_models.plugin import afd_architecture, model_platform
+from afd_models.release_order import release_key
 from afd_models.topology import ffn_rank_of_attention
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def check_model_runner(choice: RunnerChoice) -> None:
     if not choice.engine_v2 and not choice.worker_v2:
         return
     version = choice.vllm_version
-    if not choice.is_cuda or release_numbers(version) < release_numbers(MODEL_RUNNER_V2_FROM):
+    if not choice.is_cuda or release_key(version) < release_key(MODEL_RUNNER_V2_FROM):
         if choice.requested is False:  # vLLM overrides the setting for a feature that needs V2
             why = f"vLLM {version} chose Model Runner V2 although VLLM_USE_V2_MODEL_RUNNER=0"
             way_out = "switch off the engine feature that requires Model Runner V2"

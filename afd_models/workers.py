@@ -10,34 +10,25 @@
 ==============================================  ==============================================
 
 They are generated from ``overlay/vllm/v1/worker/cpu_worker.py`` and
-``overlay/vllm_ascend/worker/worker.py``; this module only names them. The NPU workers import
-vLLM-Ascend, which needs an Ascend host, so they are imported when first named.
+``overlay/vllm_ascend/worker/worker.py``; this module only serves them, by the worker-class
+table (:data:`afd_models.launch.WORKER_CLASSES`), each imported when first named (the NPU workers
+import vLLM-Ascend, which needs an Ascend host).
 """
 
+import importlib
 from typing import Any
 
 from afd_models.freshness import check_generated_code
+from afd_models.launch import named
 
 # before the first generated import: a checkout with no generated code, or a stale one, fails here
 # with the command that fixes it (the generated registry repeats the check for every other path)
 check_generated_code()
 
-from afd_models._generated.vllm.v1.worker.cpu_worker import (  # noqa: E402
-    AFDAttentionCPUWorker,
-    AFDAttentionWorker,
-    AFDFFNCPUWorker,
-    AFDFFNWorker,
-)
-
-NPU_WORKERS = ("AFDAttentionNPUWorker", "AFDFFNNPUWorker")
-
-# the NPU names stay out of __all__: a star import must not need vLLM-Ascend
-__all__ = ["AFDAttentionCPUWorker", "AFDAttentionWorker", "AFDFFNCPUWorker", "AFDFFNWorker"]
-
 
 def __getattr__(name: str) -> Any:
-    if name in NPU_WORKERS:
-        from afd_models._generated.vllm_ascend.worker import worker
-
-        return getattr(worker, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    row = named(name)
+    if row is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, cls = row.generated.partition(":")
+    return getattr(importlib.import_module(module), cls)

@@ -13,9 +13,9 @@ from pathlib import Path
 from _results import write_section
 from mutations import run, summarize
 
-from codegen.drift.run import run_drift
+from afd_models.release_order import release_key
+from codegen.drift_run import run_drift
 from codegen.findings import Finding, Severity
-from codegen.releases import release_key
 from codegen.report import counts
 from codegen.sources import load_pins
 

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from codegen.drift.contracts import relied_ref
-from codegen.drift.run import run_drift
 from codegen.drift.symbols import is_callee
+from codegen.drift_run import run_drift
 from codegen.lock import (
     OVERRIDES,
     RELIED_ON,

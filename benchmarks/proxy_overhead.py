@@ -24,6 +24,9 @@ from pathlib import Path
 
 from _results import write_section
 
+from afd_models.config import Role
+from afd_models.launch import worker_class
+
 RUN = r"""
 import json, sys
 from vllm import LLM, SamplingParams
@@ -47,11 +50,11 @@ def spent(worker):
 
 
 if __name__ == "__main__":
-    model, mode, batch, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    model, mode, batch, tokens, worker = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     kwargs = dict(model=model, dtype="bfloat16", max_model_len=512, seed=0,
                   max_num_batched_tokens=2048, max_num_seqs=64)
     if mode == "afd":
-        kwargs.update(worker_cls="afd_models.workers.AFDAttentionCPUWorker",
+        kwargs.update(worker_cls=worker,
                       additional_config={"afd": {"role": "attention", "connector": "LoopbackAFDConnector"}})
     llm = LLM(**kwargs)
     llm.collective_rpc(install)
@@ -63,6 +66,8 @@ if __name__ == "__main__":
     print("RESULT", json.dumps(llm.collective_rpc(spent)[0]), flush=True)
 """
 
+#: the AFD Attention worker of the CPU platform (afd_models/launch.py)
+ATTENTION_WORKER = worker_class("cpu", Role.ATTENTION).path
 ENV = {
     "VLLM_MLA_DISABLE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -74,7 +79,7 @@ ENV = {
 
 def run(model: Path, mode: str, batch: int, tokens: int, script: Path) -> float:
     result = subprocess.run(
-        [sys.executable, str(script), str(model), mode, str(batch), str(tokens)],
+        [sys.executable, str(script), str(model), mode, str(batch), str(tokens), ATTENTION_WORKER],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """``python -m codegen`` / ``afd-codegen``: regenerate, check, show, drift, audit.
 
-Exit codes for every command (:class:`~codegen.findings.ExitCode`): 0 clean, 1 something to
+Exit codes for every command (:class:`~afd_models.commandline.ExitCode`): 0 clean, 1 something to
 review, 2 something blocks, 3 a usage error or the tool itself failed. An exception is never a
 pass.
 """
@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from afd_models.commandline import CommandParser, ExitCode
+from codegen.audit import run_audit
 from codegen.checks.suite import run_checks
-from codegen.drift.audit import run_audit
-from codegen.drift.run import UnknownPackage, drift_markdown, run_drift
+from codegen.drift_run import UnknownPackage, drift_markdown, run_drift
 from codegen.fetch import FetchError
-from codegen.findings import CommandParser, ExitCode, Finding, exit_code, summary
+from codegen.findings import Finding, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, up_to_date, write_lock, write_output
 from codegen.report import as_json, as_sarif, print_findings, progress

@@ -1,5 +1,5 @@
-"""The one vocabulary of every check: finding kinds with stable codes, severities, exit codes
-(and :class:`CommandParser`, the argparse that gives a usage error its exit code).
+"""The one vocabulary of every check: finding kinds with stable codes and severities, and the
+exit code a list of findings gives (:class:`afd_models.commandline.ExitCode`).
 
 Detection code yields :class:`Finding` objects; renderers (text, JSON, Markdown, SARIF) only
 format them. Filter and count by ``code``, never by message text.
@@ -7,12 +7,12 @@ format them. Filter and count by ``code``, never by message text.
 
 from __future__ import annotations
 
-import argparse
 import enum
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
+
+from afd_models.commandline import ExitCode
 
 
 class Severity(enum.Enum):
@@ -274,29 +274,6 @@ class Finding:
             "new": self.new,
             "details": list(self.details),
         }
-
-
-class ExitCode(enum.IntEnum):
-    """The exit code of every codegen command (the table in docs/maintainers.md, "Exit codes")."""
-
-    #: nothing found, or only info findings
-    CLEAN = 0
-    #: something to review, nothing blocks
-    REVIEW = 1
-    #: something blocks
-    BLOCK = 2
-    #: a usage error (an unknown option, package or release), or the tool itself failed (the
-    #: upstream source is not available, a crash): nothing was analysed, never a pass
-    ERROR = 3
-
-
-class CommandParser(argparse.ArgumentParser):
-    """argparse for every command (codegen, tools): a usage error exits 3 (:attr:`ExitCode.ERROR`),
-    not argparse's 2, which means "blocks"."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(ExitCode.ERROR, f"{self.prog}: error: {message}\n")
 
 
 def exit_code(findings: Iterable[Finding]) -> ExitCode:

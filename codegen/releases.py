@@ -2,8 +2,9 @@
 
 A range names one pinned package and comma-separated clauses, each an operator (``<``, ``<=``,
 ``>``, ``>=``, ``==``, ``!=``) and a release (``0.28``, ``0.26.0``, ``0.26.0rc1``). Releases
-compare by their numbers, missing ones counting as 0, and a release candidate sorts before its
-release. No third-party parser: the overlay vocabulary must load with the standard library.
+compare as :func:`afd_models.release_order.release_key` orders them (missing numbers count as 0,
+a release candidate sorts before its release), the comparator the runtime uses too. No
+third-party parser: the overlay vocabulary must load with the standard library.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(?:rc(\d+))?")
+from afd_models.release_order import release_key
+
 _CLAUSE = re.compile(r"\s*(<=|>=|==|!=|<|>)\s*(\S+?)\s*")
 _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
@@ -24,17 +26,6 @@ _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-
-
-def release_key(release: str) -> tuple[tuple[int, ...], float]:
-    """A sortable key of ``release`` (``0.26.0+cpu`` is ``0.26.0``); ValueError if it is none."""
-    match = _RELEASE.fullmatch(release.split("+", 1)[0])
-    if match is None:
-        raise ValueError(f"{release!r} is not a release such as 0.28.0 or 0.26.0rc1")
-    numbers = tuple(int(n) for n in match.group(1).split("."))
-    numbers += (0,) * (4 - len(numbers))
-    candidate = float(match.group(2)) if match.group(2) is not None else float("inf")
-    return numbers, candidate
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,6 @@
 
 :mod:`tools.harness` is what the checks and the bundle share: the command-line plumbing, engine
 results, engine processes. Every command exits with the project's codes
-(:class:`codegen.findings.ExitCode`, docs/maintainers.md): 0 clean, 2 a check found a problem,
+(:class:`afd_models.commandline.ExitCode`, docs/maintainers.md): 0 clean, 2 a check found a problem,
 3 bad usage, a host that cannot run the command, or the tool itself failed.
 """

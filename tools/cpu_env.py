@@ -74,9 +74,9 @@ if __name__ == "__main__" and not __package__:
     sys.exit(run_from_checkout(sys.argv[1:]))
 
 # after the script's hand-over above, which must run before these imports can
+from afd_models.commandline import CommandParser  # noqa: E402
 from afd_models.generated_registry import registry_data  # noqa: E402
 from codegen.fetch import cache_root, fetch  # noqa: E402
-from codegen.findings import CommandParser  # noqa: E402
 from tools.harness.cli import UsageError, guarded  # noqa: E402
 
 #: The torch family of each supported vLLM release other than the primary, whose pins are

@@ -24,7 +24,7 @@ from pathlib import Path
 from afd_models.cli import bench_serve, serve
 from afd_models.cli.gloo_bench import measure
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
-from codegen.findings import CommandParser, ExitCode
+from afd_models.commandline import CommandParser, ExitCode
 
 PROMPTS = [
     "Hello world, the license",

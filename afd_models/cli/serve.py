@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from afd_models.config import Role
-from afd_models.deploy.commands import ROLE_ARGS
-from afd_models.deploy.spec import WORKERS, Platform
+from afd_models.launch import ROLE_ARGS, worker_class
 
 #: environment every server gets (CPU platform, a 1 GiB KV cache, no hub, no usage stats)
 SERVER_ENV = {
@@ -202,7 +201,7 @@ def _start_role(
         port,
         log_dir,
         afd={**afd, "role": role.value},
-        worker_cls=WORKERS[Platform.CPU][role],
+        worker_cls=worker_class("cpu", role).path,
         extra=extra,
         **kwargs,
     )

@@ -29,7 +29,7 @@ from afd_models.cli.hf_config import (
     routed_experts,
     uses_mha,
 )
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 
 #: The config every variant starts from: DeepSeek-V2 style, 3 layers (1 dense + 2 MoE).
 BASE_CONFIG: dict[str, Any] = {

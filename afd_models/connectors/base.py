@@ -174,7 +174,7 @@ class Fingerprint:
     hidden_size: int
     #: dtype the model runs in, as torch names it without the prefix (``bfloat16``)
     dtype: str
-    #: which model the engine serves (:func:`afd_models.connectors.factory.model_identity`)
+    #: which model the engine serves (:func:`afd_models.wiring.connect.model_identity`)
     model: str
     #: version of vllm-afd-overlay the sender runs
     version: str

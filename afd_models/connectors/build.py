@@ -1,5 +1,5 @@
-"""What the factory hands a connector's builders (named by its row of
-:data:`afd_models.connectors.specs.SPECS`), and what they return.
+"""What the connect steps (:mod:`afd_models.wiring.connect`) hand a connector's builders (named
+by its row of :data:`afd_models.connectors.specs.SPECS`), and what they return.
 
 A builder runs before the model is built, so that whatever can fail without weights (a CAM
 kernel library off an NPU) fails first; what it returns is called with the loaded model's
@@ -17,7 +17,6 @@ from afd_models.topology import Group
 
 if TYPE_CHECKING:
     import torch
-    from vllm.config import VllmConfig
 
 
 @dataclass(frozen=True)
@@ -68,10 +67,3 @@ class PrepareFFN(Protocol):
     """A connector's FFN builder (its spec's ``ffn``)."""
 
     def __call__(self, site: Site) -> ConnectFFN: ...
-
-
-class InProcessAttention(Protocol):
-    """An in-process connector's builder: the Attention side with its FFN half already built from
-    the engine config (before the Attention model, which needs it to exist)."""
-
-    def __call__(self, vllm_config: VllmConfig) -> AFDConnector: ...

@@ -1,11 +1,11 @@
 """The connector table: one frozen :class:`ConnectorSpec` per connector, read by config parsing
-(:mod:`afd_models.config`), the worker checks (:mod:`afd_models.worker_config`) and the factory
-(:mod:`afd_models.connectors.factory`). Adding a connector is one row of :data:`SPECS` (and, for
+(:mod:`afd_models.config`), the worker checks (:mod:`afd_models.worker_config`) and the connect
+steps (:mod:`afd_models.wiring.connect`). Adding a connector is one row of :data:`SPECS` (and, for
 settings of a new shape, its ``connector_extra_config`` dataclass).
 
 Import-light: no torch, no vLLM. A row names its builders as ``"module:function"`` strings, which
-the factory imports when a worker connects (the way vLLM registers models), so parsing a config
-never imports a data plane.
+the connect steps import when a worker connects (the way vLLM registers models), so parsing a
+config never imports a data plane.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
+
+#: the environment variable that may hold the deployment's shared secret, which the step channels
+#: of the point-to-point connectors authenticate with (the other source is the AFD section's
+#: ``auth_token_file``, :func:`afd_models.config.shared_secret`)
+AUTH_TOKEN_ENV = "AFD_AUTH_TOKEN"
 
 
 class Value(enum.Enum):
@@ -161,7 +166,7 @@ class ConnectorSpec:
     peer_restart: bool = False
     #: ``"module:function"`` preparing the Attention side: for a peer connector a
     #: :class:`~afd_models.connectors.build.PrepareAttention`, for the in-process plane an
-    #: :class:`~afd_models.connectors.build.InProcessAttention`; None: not served
+    #: :class:`~afd_models.wiring.connect.InProcessAttention`; None: not served
     attention: str | None
     #: ``"module:function"`` preparing the FFN side, a
     #: :class:`~afd_models.connectors.build.PrepareFFN`; None: no FFN engine, or not served
@@ -204,7 +209,7 @@ SPECS: tuple[ConnectorSpec, ...] = (
         plane=Plane.IN_PROCESS,
         extra_config=LoopbackExtraConfig,
         graph_capturable=True,
-        attention="afd_models.connectors.loopback:in_process_attention",
+        attention="afd_models.wiring.loopback:in_process_attention",
     ),
     ConnectorSpec(
         name="CAMP2PAFDConnector",

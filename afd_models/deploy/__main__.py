@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 
 from afd_models.cli import serve
+from afd_models.commandline import CommandParser, ExitCode
 from afd_models.config import AFDConfigError
 from afd_models.deploy.commands import deployment_commands
 from afd_models.deploy.k8s import manifests, reference_errors
 from afd_models.deploy.run import check_secrets, default_log_dir, down, say, up
 from afd_models.deploy.spec import SpecError, load_spec
-from codegen.findings import CommandParser, ExitCode
 
 
 def main(argv: list[str] | None = None) -> int:

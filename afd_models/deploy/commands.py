@@ -1,5 +1,6 @@
 """The ``vllm serve`` command of each engine of a deployment: what an operator would type, with the
-flags each role needs (docs/user-guide.md, "Flags the roles need") derived from the spec."""
+worker class and the flags each role needs (:mod:`afd_models.launch`; docs/user-guide.md, "Flags
+the roles need") derived from the spec."""
 
 from __future__ import annotations
 
@@ -8,17 +9,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from afd_models.config import Role
-from afd_models.deploy.spec import BINDING_ENV, WORKERS, Deployment, Engine, Platform
+from afd_models.deploy.spec import BINDING_ENV, Deployment, Engine, Platform
+from afd_models.launch import ROLE_ARGS, worker_class
 
-#: flags each role's engines get (docs/user-guide.md, "Flags the roles need"): SIGTERM stops the
-#: FFN loop and closes the connector gracefully, and the FFN worker reports no KV cache, which
-#: vLLM's scheduler runs only without prefix caching
-SHUTDOWN_ARGS = ("--shutdown-timeout", "5")
-ROLE_ARGS: Mapping[Role, tuple[str, ...]] = {
-    Role.ATTENTION: SHUTDOWN_ARGS,
-    Role.FFN: ("--no-enable-prefix-caching", *SHUTDOWN_ARGS),
-}
 #: environment of every engine, by platform: vLLM's CPU platform cannot run MLA
 PLATFORM_ENV: Mapping[Platform, Mapping[str, str]] = {
     Platform.CPU: {"VLLM_MLA_DISABLE": "1"},
@@ -55,7 +48,7 @@ def engine_command(
         "--dtype",
         deployment.dtype,
         "--worker-cls",
-        WORKERS[deployment.platform][engine.role],
+        worker_class(deployment.platform.value, engine.role).path,
         "--additional-config",
         json.dumps({"afd": dict(engine.afd)}, sort_keys=True),
         *ROLE_ARGS[engine.role],

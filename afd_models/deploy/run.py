@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from afd_models.cli import serve
+from afd_models.commandline import ExitCode
 from afd_models.config import Role, shared_secret
 from afd_models.deploy.commands import Command, deployment_commands
 from afd_models.deploy.spec import Deployment
-from codegen.findings import ExitCode
 
 #: what ``up`` records for ``down``, in the log directory
 STATE_FILE = "deployment.json"

@@ -53,23 +53,14 @@ class SpecError(ValueError):
 
 
 class Platform(enum.Enum):
-    """Which AFD workers the engines run, and how an engine is bound to its hardware."""
+    """Which AFD workers the engines run (the value is vLLM's platform, a column of the
+    worker-class table :data:`afd_models.launch.WORKER_CLASSES`), and how an engine is bound to
+    its hardware."""
 
     CPU = "cpu"
     CUDA = "cuda"
 
 
-#: the AFD worker classes of each platform, by role
-WORKERS = {
-    Platform.CPU: {
-        Role.ATTENTION: "afd_models.workers.AFDAttentionCPUWorker",
-        Role.FFN: "afd_models.workers.AFDFFNCPUWorker",
-    },
-    Platform.CUDA: {
-        Role.ATTENTION: "afd_models.workers.AFDAttentionWorker",
-        Role.FFN: "afd_models.workers.AFDFFNWorker",
-    },
-}
 #: the environment variable binding an engine's workers, by platform
 BINDING_ENV = {Platform.CPU: "VLLM_CPU_OMP_THREADS_BIND", Platform.CUDA: "CUDA_VISIBLE_DEVICES"}
 #: the binding key of each platform's role tables

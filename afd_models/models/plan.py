@@ -80,5 +80,7 @@ class ModelPlan:
 
 
 def afd_plan(vllm_config: VllmConfig) -> ModelPlan:
-    """The plan of the engine whose config is ``vllm_config`` (AFD must be on)."""
+    """The plan of the engine whose config is ``vllm_config`` (AFD must be on). vLLM builds the
+    model from the engine config alone, so the plan reads the AFD section there; the worker,
+    its runner and its connector keep the config the worker parsed."""
     return ModelPlan(require_afd_config(vllm_config.additional_config))

@@ -29,6 +29,8 @@ from codegen.pattern import PatternError
 #: documents scanned for dotted paths of our classes
 #: the documentation users follow; docs/reports/ holds generated reports of past states
 DOC_GLOBS = ("README.md", "docs/*.md")
+#: the worker-class table, whose paths are checked like documented ones
+WORKER_TABLE_PATH = "afd_models/launch.py"
 _DOTTED = re.compile(r"\bafd_models(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 #: the patch packages of a platform plugin, in the order vLLM-Ascend imports them at run time
 PATCH_MODULES = ("patch.platform", "patch.worker")
@@ -390,6 +392,15 @@ def _signature(cls: type, name: str) -> inspect.Signature | str:
         return inspect.signature(getattr(cls, name))
     except (TypeError, ValueError) as exc:
         return f"<no signature: {exc}>"
+
+
+def worker_paths() -> dict[str, Location]:
+    """The ``--worker-cls`` path of every row of the worker-class table
+    (:data:`afd_models.launch.WORKER_CLASSES`): each must import and derive from its generated
+    class's upstream base, as a documented path must, whether the docs name it or not."""
+    from afd_models.launch import WORKER_CLASSES
+
+    return {row.path: Location(WORKER_TABLE_PATH) for row in WORKER_CLASSES}
 
 
 def documented_paths(repo_root: Path) -> dict[str, Location]:

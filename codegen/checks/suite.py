@@ -31,6 +31,7 @@ from codegen.checks.runtime import (
     check_paths,
     documented_paths,
     platform_package,
+    worker_paths,
 )
 from codegen.drift.model_registry import platform_picks, registry_table
 from codegen.findings import Finding, Kind, Location, Severity
@@ -208,7 +209,8 @@ def runtime_findings(
     findings.extend(check_classes(classes))
     accepted = frozenset(r for pin in pins.values() for r in pin.patches)
     findings.extend(check_imports(symbols, accepted))
-    findings.extend(check_paths(classes, registered, documented_paths(repo_root), absent))
+    named = {**worker_paths(), **documented_paths(repo_root)}
+    findings.extend(check_paths(classes, registered, named, absent))
     return findings
 
 

@@ -1,7 +1,10 @@
 """What an upstream version bump breaks: every symbol of the lock, compared between two upstream
-versions, and the upgrade workflow around it (``codegen drift``, ``codegen audit``).
+versions. The engine only: the upgrade workflow that drives it (``codegen drift``,
+:mod:`codegen.drift_run`; ``codegen audit``, :mod:`codegen.audit`) stands above
+:mod:`codegen.pipeline`, which itself runs :func:`~codegen.drift.compare.compare` for upstream
+files that differ from their pins, so this package never imports the pipeline.
 
-One job per module, the engine first, then the use cases that drive it:
+One job per module:
 
 * :mod:`~codegen.drift.sides`: one upstream version, and what drift reads of a symbol there;
 * :mod:`~codegen.drift.symbols`: per recorded symbol (removed, moved, kind, signature, body);
@@ -11,13 +14,9 @@ One job per module, the engine first, then the use cases that drive it:
 * :mod:`~codegen.drift.call_sites`: AFD's own calls bound against the new signatures;
 * :mod:`~codegen.drift.ours`: where in this repository each finding lands;
 * :mod:`~codegen.drift.model_registry`: the architectures AFD registers for, in vLLM's registry;
-* :mod:`~codegen.drift.compare`: all of the above for one lock, as one list of findings;
-* :mod:`~codegen.drift.run`: ``codegen drift`` (the lock of the old version, or a regeneration);
-* :mod:`~codegen.drift.audit`: ``codegen audit`` (drift, a dry-run regeneration, a work list).
+* :mod:`~codegen.drift.compare`: all of the above for one lock, as one list of findings.
 
-The engine never imports the use cases (they import :mod:`codegen.pipeline`, which runs
-:func:`~codegen.drift.compare.compare` for upstream files that differ from their pins), so this
-package re-exports nothing: importers name the module.
+This package re-exports nothing: importers name the module.
 
 Detection yields :class:`~codegen.findings.Finding` objects; :mod:`codegen.report` renders them.
 Severity follows what AFD does with the symbol:

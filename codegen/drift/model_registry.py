@@ -219,11 +219,14 @@ def _pick_details(old: dict[str, str], new: dict[str, str]) -> tuple[str, ...]:
 
 
 def native_architectures(repo_root: Path) -> list[str]:
-    """The keys of ``AFD_ARCHITECTURES`` in afd_models/plugin.py, read statically."""
+    """The ``native`` of each ``Architecture`` row in afd_models/plugin.py, read statically."""
     tree = ast.parse((repo_root / "afd_models/plugin.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign | ast.Assign):
-            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
-            if ast.unparse(target) == "AFD_ARCHITECTURES" and isinstance(node.value, ast.Dict):
-                return [ast.literal_eval(k) for k in node.value.keys if k is not None]
-    return []
+    return [
+        ast.literal_eval(keyword.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "Architecture"
+        for keyword in node.keywords
+        if keyword.arg == "native"
+    ]

@@ -29,7 +29,7 @@ from codegen.overlay import declared_members
 from codegen.places import Places
 from codegen.runtime_uses import UPSTREAM_FIELDS_PATH, runtime_upstream_imports
 
-#: where AFD registers its architectures (``AFD_ARCHITECTURES``)
+#: where AFD registers its architectures (the ``Architecture`` rows of ``ARCHITECTURES``)
 PLUGIN_PATH = "afd_models/plugin.py"
 
 

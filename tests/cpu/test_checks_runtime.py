@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from afd_models.freshness import installed_vllm
-from afd_models.plugin import release_numbers
+from afd_models.release_order import release_key
 from codegen.checks.suite import run_checks
 from tests.engine import run_python
 
@@ -53,7 +53,7 @@ def test_plugin_registers_afd_names_only(vllm_env: dict[str, str]) -> None:
     )
     generated = "afd_models._generated.vllm.model_executor.models.deepseek_v2"
     assert table["AFDDeepseekV2ForCausalLM"] == f"{generated}:AFDDeepseekV2ForCausalLM"
-    if release_numbers(installed_vllm()) < (0, 30):  # V3.2 runs on vLLM's V3 class
+    if release_key(installed_vllm()) < release_key("0.30"):  # V3.2 runs on vLLM's V3 class
         assert table["AFDDeepseekV32ForCausalLM"] == f"{generated}:AFDDeepseekV3ForCausalLM"
     else:  # V3.2 has a class of its own on CUDA, which AFD serves its overlay of
         assert table["DeepseekV32ForCausalLM"] == "vllm.models.deepseek_v32:DeepseekV32ForCausalLM"

@@ -156,10 +156,10 @@ def test_micro_batches_keep_every_sm() -> None:
     from vllm.v1.worker.gpu_ubatch_wrapper import UBatchWrapper
 
     from afd_models.generated_classes import generated_subclass
-    from afd_models.plugin import release_numbers
+    from afd_models.release_order import release_key
 
     wrapper = generated_subclass("AFDUBatchWrapper", UBatchWrapper)
-    if release_numbers(__version__) < (0, 30):
+    if release_key(__version__) < release_key("0.30"):
         with wrapper._create_sm_control_context(VllmConfig()):
             pass
         with pytest.raises(AssertionError, match="SM/CU control"):

@@ -15,13 +15,13 @@ import pytest
 from vllm import __version__ as vllm_version
 
 from afd_models.cli.serve import free_port
-from afd_models.plugin import release_numbers
+from afd_models.release_order import release_key
 from tests.engine import run_python_result
 
 pytestmark = [
     pytest.mark.every_release,
     pytest.mark.skipif(
-        release_numbers(vllm_version) < (0, 30),
+        release_key(vllm_version) < release_key("0.30"),
         reason=f"vLLM {vllm_version}: DeepSeek-V3.2 has a class of its own (and AFD an overlay) "
         "from 0.30; before, AFD serves it with its V3 class",
     ),

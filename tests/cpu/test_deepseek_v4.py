@@ -18,13 +18,13 @@ import pytest
 from vllm import __version__ as vllm_version
 
 from afd_models.cli.serve import free_port
-from afd_models.plugin import release_numbers
+from afd_models.release_order import release_key
 from tests.engine import run_python_result
 
 pytestmark = [
     pytest.mark.every_release,
     pytest.mark.skipif(
-        release_numbers(vllm_version) < (0, 30),
+        release_key(vllm_version) < release_key("0.30"),
         reason=f"vLLM {vllm_version}: DeepSeek-V4 has a model class (and AFD an overlay) from 0.30",
     ),
 ]
@@ -38,7 +38,7 @@ from vllm.forward_context import create_forward_context, set_forward_context
 
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
 from afd_models.connectors.base import AFDConnectionError, LayerInput
-from afd_models.connectors.loopback import LoopbackConnector
+from afd_models.wiring.loopback import LoopbackConnector
 from afd_models.ffn_server import ffn_output
 from afd_models.models.remote import bind_connector
 from tests.cpu.role_models import load_role_model, start_single_rank, worker_refusal

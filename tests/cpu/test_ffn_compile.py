@@ -14,7 +14,7 @@ import pytest
 from vllm import __version__ as vllm_version
 
 from afd_models.cli.serve import free_port
-from afd_models.plugin import release_numbers
+from afd_models.release_order import minor_release
 from tests.engine import run_python_result
 
 pytestmark = pytest.mark.every_release
@@ -96,7 +96,7 @@ EAGER_LAYERS = {
     ),
 }
 
-RELEASE = release_numbers(vllm_version)[:2]
+RELEASE = minor_release(vllm_version)
 
 
 def test_compiled_layers_compute_what_the_eager_ones_do(compiled: dict) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from vllm.config import VllmConfig
 
+from afd_models.config import parse_afd_config
 from afd_models.connectors.base import AFDConnectionError, LayerInput, StepHeader, peers_with
 from afd_models.ffn_server import FFNServer
 from afd_models.graphs import FFNGraphKey, FFNGraphs
@@ -122,13 +123,12 @@ def _serve(
     graphs: FFNGraphs | None = None,
     **options: Any,
 ) -> FFNServer:
-    config = VllmConfig(
-        additional_config={"afd": {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2}}
-    )
+    section = {"role": "ffn", "num_attention_ranks": 3, "num_ffn_ranks": 2}
     server = FFNServer(
         model or DoublingModel(),
-        config,
+        VllmConfig(additional_config={"afd": section}),
         connector,
+        afd=parse_afd_config(section),
         hidden_size=HIDDEN,
         dtype=torch.float32,
         device=device,

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from afd_models.cli.serve import free_port
+from afd_models.config import AFDConfig, parse_afd_config
 from afd_models.connectors.base import AFDConnectionError, Fingerprint
 from afd_models.connectors.specs import GlooExtraConfig
 from afd_models.topology import Group, groups
@@ -809,7 +810,7 @@ def test_ffn_without_handshake_is_reported() -> None:
 
 
 def _engine_config(path: str, quantization: str | None = None, **model: object) -> object:
-    """What :mod:`afd_models.connectors.factory` reads of an engine config: a model read from
+    """What :mod:`afd_models.wiring.connect` reads of an engine config: a model read from
     ``path``, with ``model`` config values."""
     from transformers import DeepseekV2Config
 
@@ -831,7 +832,7 @@ def test_fingerprint_of_an_engine() -> None:
     """The factory's fingerprint: the AFD config, the layers, the model's size and dtype, an
     identity that ignores where the model was read from, and the installed version."""
     from afd_models.config import AFDConfigError, parse_afd_config
-    from afd_models.connectors.factory import fingerprint, model_identity, project_version
+    from afd_models.wiring.connect import fingerprint, model_identity, project_version
 
     afd = parse_afd_config(
         {
@@ -883,8 +884,8 @@ def _parallel_engine(
     dp_rank: int,
     tp_size: int = 1,
     port: int = 29650,
-) -> Any:
-    """What worker_role_rank reads of an engine config."""
+) -> tuple[Any, AFDConfig]:
+    """What worker_role_rank reads of an engine config (with its AFD section parsed)."""
     parallel = SimpleNamespace(
         data_parallel_size=dp_size, data_parallel_rank=dp_rank, tensor_parallel_size=tp_size
     )
@@ -895,7 +896,7 @@ def _parallel_engine(
         "rank_offset": offset,
         "port": port,
     }
-    return SimpleNamespace(parallel_config=parallel, additional_config={"afd": afd})
+    return SimpleNamespace(parallel_config=parallel), parse_afd_config(afd)
 
 
 @pytest.mark.parametrize(
@@ -912,10 +913,10 @@ def _parallel_engine(
 def test_worker_role_rank_counts_dp_ranks_from_the_engines_offset(
     role: str, a: int, f: int, offset: int, dp_size: int, tp_size: int, ranks: list[int]
 ) -> None:
-    from afd_models.connectors.factory import worker_role_rank
+    from afd_models.wiring.connect import worker_role_rank
 
     got = [
-        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, dp_rank, tp_size))
+        worker_role_rank(*_parallel_engine(role, a, f, offset, dp_size, dp_rank, tp_size))
         for dp_rank in range(dp_size)
     ]
     assert got == ranks
@@ -976,10 +977,10 @@ def test_engines_that_do_not_fit_the_topology_are_refused_before_loading(
     role: str, a: int, f: int, offset: int, dp_size: int, tp_size: int, port: int, message: str
 ) -> None:
     from afd_models.config import AFDConfigError
-    from afd_models.connectors.factory import worker_role_rank
+    from afd_models.wiring.connect import worker_role_rank
 
     with pytest.raises(AFDConfigError) as raised:
-        worker_role_rank(_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))
+        worker_role_rank(*_parallel_engine(role, a, f, offset, dp_size, 0, tp_size, port))
     assert str(raised.value).startswith(message)
 
 

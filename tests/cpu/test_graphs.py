@@ -15,7 +15,6 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import BatchDescriptor, set_forward_context
 
 from afd_models.connectors.base import StepHeader
-from afd_models.connectors.loopback import LoopbackConnector
 from afd_models.graphs import (
     AttentionGraphSteps,
     DeviceGraphs,
@@ -23,6 +22,7 @@ from afd_models.graphs import (
     full_graph_call,
     replays_graphs,
 )
+from afd_models.wiring.loopback import LoopbackConnector
 
 FOUR = BatchDescriptor(num_tokens=4)
 

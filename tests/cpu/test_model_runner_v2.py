@@ -21,17 +21,17 @@ from vllm import __version__ as vllm_version
 from vllm.config import CUDAGraphMode
 
 from afd_models.connectors.base import AFDConnectionError, AFDPeerLostError, StepHeader
-from afd_models.connectors.loopback import LoopbackConnector
 from afd_models.generated_classes import generated_subclass
 from afd_models.graphs import AttentionGraphSteps, capture_window
-from afd_models.plugin import release_numbers
+from afd_models.release_order import release_key
 from afd_models.runner_roles import afd_ubatch_runner, attention_runner_class, failing_lost_step
 from afd_models.step_failures import FailedStepOutput
+from afd_models.wiring.loopback import LoopbackConnector
 
 pytestmark = [
     pytest.mark.every_release,
     pytest.mark.skipif(
-        release_numbers(vllm_version) < (0, 30),
+        release_key(vllm_version) < release_key("0.30"),
         reason=f"vLLM {vllm_version}: the AFD Attention role runs on Model Runner V2 from 0.30",
     ),
 ]

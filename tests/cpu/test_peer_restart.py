@@ -94,10 +94,12 @@ def _ffn_server(
     vote: StepVote | None = None,
 ) -> FFNServer:
     """An FFN worker's server, connected (this waits for the Attention side) and serving."""
+    config = _config("ffn", restart_s)
     server = FFNServer(
         model or DoublingModel(),
-        _config("ffn", restart_s),
+        config,
         GlooFFNConnector("127.0.0.1", group, EXTRA),
+        afd=parse_afd_config(config.additional_config["afd"]),
         hidden_size=HIDDEN,
         dtype=torch.float32,
         device=torch.device("cpu"),

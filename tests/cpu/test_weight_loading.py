@@ -100,7 +100,7 @@ def test_a_missing_fp8_scale_is_still_named() -> None:
 def test_an_in_process_ffn_half_counts_its_weights() -> None:
     """The loopback connector reports its FFN model's bytes (parameters and buffers), which the
     GPU runner adds to the weights it budgets; a connector without an FFN half reports none."""
-    from afd_models.connectors.loopback import LoopbackConnector
+    from afd_models.wiring.loopback import LoopbackConnector
 
     connector = LoopbackConnector(lambda layer, received: received.hidden_states)
     assert connector.in_process_weight_bytes() == 0

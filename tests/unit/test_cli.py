@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from afd_models.commandline import ExitCode
 from codegen.cli import build_parser, main
-from codegen.findings import ExitCode, Finding, Kind, Severity, exit_code
+from codegen.findings import Finding, Kind, Severity, exit_code
 from codegen.pipeline import generate, write_output
 
 from .fake_repo import HEADER, make_repo

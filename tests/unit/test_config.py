@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from afd_models.config import (
-    AUTH_TOKEN_ENV,
     AFDConfigError,
     Role,
     afd_config_from,
@@ -20,6 +19,7 @@ from afd_models.config import (
     shared_secret,
 )
 from afd_models.connectors.specs import (
+    AUTH_TOKEN_ENV,
     CAMAsyncExtraConfig,
     CAMP2PExtraConfig,
     GlooExtraConfig,

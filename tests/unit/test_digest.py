@@ -4,13 +4,19 @@ module or excluded with a reason, and an edit to a generator module (the lock bu
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from codegen.digest import GENERATOR_MODULES, NOT_GENERATOR, PACKAGE
+from codegen.digest import (
+    GENERATOR_MODULES,
+    NOT_GENERATOR,
+    PACKAGE,
+    RUNTIME_MODULES_OF_THE_GENERATOR,
+)
 
 from .fake_repo import HEADER, make_repo
 
@@ -31,6 +37,23 @@ def test_every_codegen_module_is_counted_or_excluded_with_a_reason() -> None:
     assert not (counted | excluded) - modules, "listed, but not a module of codegen/"
     assert not counted & excluded
     assert all(reason.strip() for reason in NOT_GENERATOR.values())
+
+
+def test_the_runtime_modules_the_generator_imports_count_by_their_bytes() -> None:
+    """Every ``afd_models`` module a generator module imports (function-level imports included)
+    is in ``RUNTIME_MODULES_OF_THE_GENERATOR``, and nothing else is."""
+    imported = set()
+    for name in GENERATOR_MODULES:
+        for node in ast.walk(ast.parse((PACKAGE / name).read_text())):
+            modules = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            imported |= {m for m in modules if m.startswith("afd_models.")}
+    assert sorted(imported) == sorted(RUNTIME_MODULES_OF_THE_GENERATOR)
 
 
 def test_an_edit_to_the_lock_builder_regenerates(tmp_path: Path) -> None:

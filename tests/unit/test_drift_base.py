@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from codegen.drift.run import default_base
+from afd_models.release_order import release_key
+from codegen.drift_run import default_base
 from codegen.generate import PINS_PATH
-from codegen.releases import release_key
 from codegen.sources import Pin, load_pins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,8 @@ PRIMARY = "the primary release; no supported release is older than {}"
         ("0.32.0", "0.30.0", BEFORE),
         ("0.26.0", "0.26.0", PRIMARY),
         ("0.20.0", "0.26.0", PRIMARY),
-        ("0.34.0.dev3", "0.26.0", "the primary release; {} is not a release number"),
+        ("0.34.0.dev3", "0.32.0", BELOW),
+        ("dev", "0.26.0", "the primary release; {} is not a release number"),
     ],
 )
 def test_base_is_the_newest_supported_release_below_the_target(

@@ -716,7 +716,7 @@ def test_drift_counts_a_limited_class_member_only_on_the_releases_of_its_class(
 ) -> None:
     """Drift judges a target by what the overlay declares for it: the member of a class limited
     to vllm>=0.28 is declared elsewhere (not there) on 0.26.0, and there on 0.28.0."""
-    from codegen.drift.run import overlay_members
+    from codegen.drift_run import overlay_members
 
     context = make_repo(tmp_path, HEADER + CLASS_FROM_028)
     key = "afd_models._generated.vllm.layers:AFDLater.afd_later"

@@ -1,5 +1,18 @@
-"""No import cycle among the project's modules: ``codegen/``, ``afd_models/`` (the generated code
-left out) and ``tools/``, read statically.
+"""The house rules of the project's imports, read statically from ``codegen/``, ``afd_models/``
+(the generated code left out) and ``tools/``:
+
+* no import cycle among modules, nor among packages: the children of one package (its modules
+  and subpackages, each standing for everything inside it) import one another without a cycle,
+  so ``afd_models.cli`` importing ``afd_models.deploy`` while ``afd_models.deploy`` imports
+  ``afd_models.cli`` fails even where no module cycle closes;
+* the shipped runtime (``afd_models/``, its operator commands included) never imports the
+  generator (``codegen``) or the repository's tools (``tools``): what they share is below all
+  of them (``afd_models.commandline``, ``afd_models.generated_registry``, ...);
+* the transports (``afd_models/connectors/``) never import the workers, the models or the FFN
+  server: the wiring that connects a worker's model to its connector is the floor above them
+  (``afd_models/wiring/``);
+* the tool packages' ``__init__`` files import nothing (they re-export nothing: tests import
+  the modules they test).
 
 Every import counts, wherever it is written: at module level, inside a function (a lazy import
 only postpones the cycle), under ``if TYPE_CHECKING:`` (a layering loop all the same), relative
@@ -20,6 +33,24 @@ REPO = Path(__file__).resolve().parents[2]
 #: the directories walked, and what is left out of them
 ROOTS = ("codegen", "afd_models", "tools")
 EXCLUDED = ("afd_models/_generated",)
+#: the shipped runtime, and what it never imports
+RUNTIME = "afd_models"
+ABOVE_THE_RUNTIME = ("codegen", "tools")
+#: the transports, and what they never import: the workers, the models, the FFN server, and the
+#: wiring and commands above them all
+TRANSPORTS = "afd_models.connectors"
+ABOVE_THE_TRANSPORTS = (
+    "afd_models.workers",
+    "afd_models.worker_config",
+    "afd_models.runner_roles",
+    "afd_models.scheduler",
+    "afd_models.models",
+    "afd_models.ffn_server",
+    "afd_models.ffn_compile",
+    "afd_models.wiring",
+    "afd_models.cli",
+    "afd_models.deploy",
+)
 
 
 @dataclass(frozen=True)
@@ -171,6 +202,82 @@ def test_no_import_cycle() -> None:
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
+def package_graph(graph: Mapping[str, list[Edge]]) -> dict[str, list[Edge]]:
+    """Every import lifted to the children of the innermost package holding both ends (an import
+    of ``a.x.m`` from ``a.y.n`` is an edge ``a.y -> a.x``); a module importing a package that
+    encloses it, or is inside it, is no edge between siblings."""
+    lifted: dict[str, list[Edge]] = {}
+    for name, written in graph.items():
+        for edge in written:
+            source, target = name.split("."), edge.target.split(".")
+            common = 0
+            while common < min(len(source), len(target)) and source[common] == target[common]:
+                common += 1
+            if common in (len(source), len(target)):
+                continue
+            child, imported = ".".join(source[: common + 1]), ".".join(target[: common + 1])
+            lifted.setdefault(child, []).append(Edge(imported, edge.path, edge.line))
+            lifted.setdefault(imported, [])
+    return lifted
+
+
+def test_no_package_cycle() -> None:
+    """The packages of codegen/, afd_models/ and tools/ import one another without a cycle:
+    each package is one floor of its parent."""
+    found = [describe(c) for c in cycles(package_graph(import_graph(REPO)))]
+    assert not found, "package import cycles:\n" + "\n".join(found)
+
+
+def within(name: str, package: str) -> bool:
+    """Whether module ``name`` is ``package`` or lies inside it."""
+    return name == package or name.startswith(package + ".")
+
+
+def crossings(
+    graph: Mapping[str, list[Edge]], importers: str, forbidden: tuple[str, ...]
+) -> list[str]:
+    """Each import written in a module inside ``importers`` of a module inside one of
+    ``forbidden``, as ``path:line imports target``."""
+    found = [
+        f"{edge.path}:{edge.line} imports {edge.target}"
+        for name, written in sorted(graph.items())
+        if within(name, importers)
+        for edge in written
+        if any(within(edge.target, package) for package in forbidden)
+    ]
+    return list(dict.fromkeys(found))  # an import of a.b is an edge to a and to a.b
+
+
+def test_the_runtime_never_imports_codegen_or_tools() -> None:
+    """Nothing in afd_models/ (its commands included) imports codegen or tools, not even lazily:
+    they stand above the runtime, which reads what they write (the generated code), never them."""
+    found = crossings(import_graph(REPO), RUNTIME, ABOVE_THE_RUNTIME)
+    assert not found, "the runtime imports the generator or the tools:\n" + "\n".join(found)
+
+
+def test_the_transports_never_import_workers_models_or_the_ffn_server() -> None:
+    """Nothing in afd_models/connectors/ imports a worker, a model, the FFN server or the wiring
+    above them, so a transport can be tested, and reasoned about, with tensors and sockets alone."""
+    found = crossings(import_graph(REPO), TRANSPORTS, ABOVE_THE_TRANSPORTS)
+    assert not found, "a transport imports a floor above it:\n" + "\n".join(found)
+
+
+def test_the_tool_packages_re_export_nothing() -> None:
+    """A tool package's ``__init__`` is its docstring: a name has one home, its module."""
+    inits = sorted(REPO.glob("tools/*/__init__.py"))
+    assert len(inits) >= 4
+    found = []
+    for path in [REPO / "tools/__init__.py", *inits]:
+        relative = path.relative_to(REPO).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"), relative)
+        found += [
+            f"{relative}:{node.lineno}"
+            for node in tree.body
+            if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        ]
+    assert not found, "tool packages that hold more than a docstring:\n" + "\n".join(found)
+
+
 def _package(root: Path, files: dict[str, str]) -> dict[str, list[Edge]]:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -226,3 +333,24 @@ def test_no_cycle_without_one(tmp_path: Path) -> None:
         },
     )
     assert cycles(graph) == []
+
+
+def test_a_package_cycle_without_a_module_cycle_is_found(tmp_path: Path) -> None:
+    """Two packages whose modules import each other's other modules form no module cycle, but a
+    package cycle, reported with both import lines."""
+    graph = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/cli/__init__.py": "",
+            "pkg/cli/serve.py": "from pkg.deploy.spec import WORKERS\n",
+            "pkg/deploy/__init__.py": "",
+            "pkg/deploy/spec.py": "WORKERS = {}\n",
+            "pkg/deploy/run.py": "from pkg.cli import serve\n",
+        },
+    )
+    assert cycles(graph) == []
+    (cycle,) = cycles(package_graph(graph))
+    assert describe(cycle) == (
+        "pkg.cli -> pkg.deploy -> pkg.cli (imports at pkg/cli/serve.py:1, pkg/deploy/run.py:1)"
+    )

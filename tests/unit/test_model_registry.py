@@ -125,7 +125,7 @@ def generation(base: str) -> SimpleNamespace:
 
 
 def test_afd_serves_its_class_only_where_vllm_builds_its_base(tmp_path: Path) -> None:
-    """AFD serves V4 on cpu (afd_models.plugin.PLATFORMS) with a subclass of the CPU class: clean
+    """AFD serves V4 on cpu (its class's platforms in afd_models.plugin) with a subclass of the CPU class: clean
     where vLLM builds that class on cpu, a block naming both classes where it builds another."""
     upstream = index(tmp_path, "0.30", PICK)
     cpu = generation(f"{V4}.cpu.model:DeepseekV4ForCausalLM")

@@ -4,7 +4,6 @@ no NPU needed."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.util
 import json
@@ -22,11 +21,15 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from tools import npu_check
+from afd_models.config import Role
+from afd_models.launch import worker_class
 from tools.harness.cli import UsageError
 from tools.harness.processes import REPO_ROOT
 from tools.harness.results import MAX_TOKENS, PROMPTS, EngineResult
-from tools.npu_check import CheckResult, Host, HostInfo, Setup
+from tools.npu_check import checks, cli, settings
+from tools.npu_check.checks import CheckResult
+from tools.npu_check.cli import Host
+from tools.npu_check.host import HostInfo, Setup, host_info, plugins_problem, probe
 
 #: the command as documented, run from the repository root
 COMMAND = [sys.executable, "-m", "tools.npu_check"]
@@ -54,7 +57,7 @@ GOOD_PROBE = {
 
 
 def _native(**changes: Any) -> EngineResult:
-    base = EngineResult("native", ok=True, classes=npu_check.NATIVE_CLASSES, tokens=TOKENS)
+    base = EngineResult("native", ok=True, classes=settings.NATIVE_CLASSES, tokens=TOKENS)
     return dataclasses.replace(base, **changes)
 
 
@@ -78,7 +81,7 @@ def _unreachable(*args: Any) -> Any:
 READY = Host(
     find_spec=lambda name: object(),
     platform_plugins=lambda: {"ascend", "afd_npu"},
-    environ=lambda: {"VLLM_PLUGINS": npu_check.AFD_PLUGINS, "PYTHONPATH": "/elsewhere"},
+    environ=lambda: {"VLLM_PLUGINS": settings.AFD_PLUGINS, "PYTHONPATH": "/elsewhere"},
     prepare=_unreachable,
 )
 #: a host on which nothing may be reached: argument errors must stop the check before it
@@ -86,7 +89,7 @@ UNREACHABLE = Host(_unreachable, _unreachable, _unreachable, _unreachable)
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str], host: Host) -> tuple[int, str, str]:
-    code = npu_check.main(argv, host)
+    code = cli.main(argv, host)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -96,7 +99,8 @@ def _main(argv: list[str], capsys: pytest.CaptureFixture[str], host: Host) -> tu
 
 def test_help_exits_0_and_imports_only_the_standard_library(tmp_path: Path) -> None:
     """``--help`` works as a command, names the options and the VLLM_PLUGINS to set, and imports
-    neither torch nor vLLM nor afd_models (``-X importtime`` lists every module imported)."""
+    neither torch nor vLLM (``-X importtime`` lists every module imported): of afd_models only its
+    standard-library modules, such as the exit codes."""
     result = subprocess.run(
         [sys.executable, "-X", "importtime", *COMMAND[1:], "--help"],
         capture_output=True,
@@ -109,7 +113,8 @@ def test_help_exits_0_and_imports_only_the_standard_library(tmp_path: Path) -> N
         assert text in result.stdout.replace("\n", "")
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
     assert {"argparse", "tools.harness.processes"} <= imported  # the listing is real
-    heavy = {name for name in imported if name.split(".")[0] in {"torch", "vllm", "afd_models"}}
+    assert "afd_models.commandline" in imported
+    heavy = {name for name in imported if name.split(".")[0] in {"torch", "vllm"}}
     assert heavy == set()
 
 
@@ -151,7 +156,7 @@ def test_bad_arguments_exit_3_before_anything_runs(
 
 def test_unknown_option_exits_3() -> None:
     with pytest.raises(SystemExit) as caught:
-        npu_check.main(["--only", "parity"], UNREACHABLE)
+        cli.main(["--only", "parity"], UNREACHABLE)
     assert caught.value.code == 3
 
 
@@ -174,7 +179,7 @@ def test_unknown_option_exits_3() -> None:
         ),
         (
             dataclasses.replace(READY, environ=dict),
-            ["VLLM_PLUGINS is not set", f"export VLLM_PLUGINS={npu_check.AFD_PLUGINS}"],
+            ["VLLM_PLUGINS is not set", f"export VLLM_PLUGINS={settings.AFD_PLUGINS}"],
         ),
     ],
     ids=["no-npu-stack", "no-vllm-ascend", "no-entry-point", "plugins-unset"],
@@ -192,23 +197,23 @@ def test_a_host_that_cannot_run_it_exits_3_saying_what_is_missing(
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (npu_check.AFD_PLUGINS, None),
-        (npu_check.AFD_PLUGINS + ",my_plugin", None),
+        (settings.AFD_PLUGINS, None),
+        (settings.AFD_PLUGINS + ",my_plugin", None),
         (None, "is not set"),
-        ("ascend," + npu_check.AFD_PLUGINS, "names 'ascend', vLLM-Ascend's platform plugin"),
-        (npu_check.NATIVE_PLUGINS, "names 'ascend'"),
+        ("ascend," + settings.AFD_PLUGINS, "names 'ascend', vLLM-Ascend's platform plugin"),
+        (settings.NATIVE_PLUGINS, "names 'ascend'"),
         (
             "afd_npu,ascend_kv_connector,ascend_model_loader",
             "lacks afd_models, ascend_service_profiling",
         ),
-        (npu_check.AFD_PLUGINS.replace(",", ", "), "lacks afd_models, ascend_kv_connector"),
+        (settings.AFD_PLUGINS.replace(",", ", "), "lacks afd_models, ascend_kv_connector"),
     ],
     ids=["documented", "an-extra-one", "unset", "with-ascend", "native", "missing", "spaces"],
 )
 def test_vllm_plugins_rule(value: str | None, expected: str | None) -> None:
     """AFD's platform and general plugin and vLLM-Ascend's four general plugins, never vLLM-Ascend's
     platform plugin; split at commas as vLLM splits it."""
-    problem = npu_check.plugins_problem(value)
+    problem = plugins_problem(value)
     if expected is None:
         assert problem is None
     else:
@@ -216,19 +221,19 @@ def test_vllm_plugins_rule(value: str | None, expected: str | None) -> None:
 
 
 def test_the_environment_puts_the_repo_first_and_runs_the_v1_runner() -> None:
-    env = npu_check.resolve_env(READY)
+    env = cli.resolve_env(READY)
     assert env["PYTHONPATH"].split(":") == [str(REPO_ROOT), "/elsewhere"]
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert env["VLLM_PLUGINS"] == npu_check.AFD_PLUGINS
+    assert env["VLLM_PLUGINS"] == settings.AFD_PLUGINS
 
 
 def test_the_native_engine_runs_vllm_ascend_as_shipped() -> None:
     """The native baseline selects vLLM-Ascend's own platform and nothing of AFD."""
-    names = npu_check.NATIVE_PLUGINS.split(",")
-    assert names[0] == npu_check.ASCEND_PLATFORM_PLUGIN
-    assert set(names[1:]) == set(npu_check.ASCEND_GENERAL_PLUGINS)
-    assert npu_check.PLATFORM_PLUGIN not in names and npu_check.GENERAL_PLUGIN not in names
+    names = settings.NATIVE_PLUGINS.split(",")
+    assert names[0] == settings.ASCEND_PLATFORM_PLUGIN
+    assert set(names[1:]) == set(settings.ASCEND_GENERAL_PLUGINS)
+    assert settings.PLATFORM_PLUGIN not in names and settings.GENERAL_PLUGIN not in names
 
 
 # --------------------------------------------------------------------------- what the probe found
@@ -251,14 +256,14 @@ def test_the_native_engine_runs_vllm_ascend_as_shipped() -> None:
 )
 def test_probe_findings_that_refuse_the_host(changes: dict[str, Any], expected: str) -> None:
     with pytest.raises(UsageError) as caught:
-        npu_check.host_info({**GOOD_PROBE, **changes}, None)
+        host_info({**GOOD_PROBE, **changes}, None)
     assert expected in str(caught.value)
 
 
 def test_probe_findings_pin_by_the_operators_visible_devices() -> None:
-    host = npu_check.host_info({**GOOD_PROBE, "vllm": "0.26.0+ascend"}, "4,6")
+    host = host_info({**GOOD_PROBE, "vllm": "0.26.0+ascend"}, "4,6")
     assert host.device_ids == ("4", "6") and host.vllm == "0.26.0+ascend"
-    assert npu_check.host_info(GOOD_PROBE, None).device_ids == ("0", "1")
+    assert host_info(GOOD_PROBE, None).device_ids == ("0", "1")
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -290,12 +295,12 @@ def _codegen_json(*findings: dict[str, Any]) -> str:
 )
 def test_runtime_origin_verdict(returncode: int, stdout: str, expected: list[str]) -> None:
     """Any block or review finding fails, as do skipped runtime checks and a failed tool."""
-    problems, _ = npu_check.origin_problems(returncode, stdout)
+    problems, _ = checks.origin_problems(returncode, stdout)
     assert problems == expected
 
 
 def test_a_good_parity_run_passes() -> None:
-    assert npu_check.parity_problems(_afd(), _native()) == []
+    assert checks.parity_problems(_afd(), _native()) == []
 
 
 @pytest.mark.parametrize(
@@ -326,7 +331,7 @@ def test_a_good_parity_run_passes() -> None:
 def test_a_broken_parity_run_fails_with_the_reason(
     afd: EngineResult, native: EngineResult, expected: str
 ) -> None:
-    problems = npu_check.parity_problems(afd, native)
+    problems = checks.parity_problems(afd, native)
     assert any(expected in problem for problem in problems), problems
 
 
@@ -342,16 +347,16 @@ class FakeRunner:
     def run_origin_check(self, setup: Setup) -> CheckResult:
         self.ran.append("origin")
         details = {"summary": "0 block, 0 review, 3 info"}
-        return CheckResult(npu_check.ORIGIN, "python -m codegen check", self.origin, details)
+        return CheckResult(checks.ORIGIN, "python -m codegen check", self.origin, details)
 
     def run_parity(self, setup: Setup) -> CheckResult:
         self.ran.append("parity")
-        return CheckResult(npu_check.PARITY, "native vs AFD", self.parity, {"tokens": [[1]]})
+        return CheckResult(checks.PARITY, "native vs AFD", self.parity, {"tokens": [[1]]})
 
 
 def _ready(runner: FakeRunner) -> Host:
     def prepare(work_dir: Path, env: Any, timeout_s: float) -> Setup:
-        assert env["VLLM_PLUGINS"] == npu_check.AFD_PLUGINS
+        assert env["VLLM_PLUGINS"] == settings.AFD_PLUGINS
         return Setup(work_dir, work_dir / "model", env, HOST, timeout_s)
 
     return dataclasses.replace(READY, prepare=prepare, runner=runner)
@@ -484,7 +489,9 @@ class LLM:
             for i, _ in enumerate(prompts)
         ]
 """,
-    "afd_models/__init__.py": "",
+    # the fake workers stand in front of the checkout's package, whose standard-library modules
+    # (the exit codes the tools share) the checks import as they are
+    "afd_models/__init__.py": f"__path__.append({str(REPO_ROOT / 'afd_models')!r})\n",
     "afd_models/workers.py": "AFDAttentionNPUWorker = object\n",
 }
 
@@ -507,7 +514,7 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(fakes),
-        "VLLM_PLUGINS": npu_check.AFD_PLUGINS,
+        "VLLM_PLUGINS": settings.AFD_PLUGINS,
         "FAKE_NPUS": "2",
     }
 
@@ -516,7 +523,7 @@ def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
     """In a fresh interpreter: versions, NPUs by name and by the operator's visible devices, and
     the platform vLLM selected under the operator's VLLM_PLUGINS."""
     env = {**fake_env, "ASCEND_RT_VISIBLE_DEVICES": "4,6"}
-    host = npu_check.probe(env, tmp_path)
+    host = probe(env, tmp_path)
     assert host.devices == ("Fake Ascend 0", "Fake Ascend 1") and host.device_ids == ("4", "6")
     assert (host.torch_npu, host.vllm, host.vllm_ascend) == ("2.10.0.post2", "0.26.0", "0.26.0rc1")
     assert host.platform == "vllm.platforms.AFDNPUPlatform"
@@ -525,7 +532,7 @@ def test_probe_reads_the_host(fake_env: dict[str, str], tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"VLLM_PLUGINS": npu_check.NATIVE_PLUGINS}, "selected the platform vllm_ascend.platform"),
+        ({"VLLM_PLUGINS": settings.NATIVE_PLUGINS}, "selected the platform vllm_ascend.platform"),
         ({"FAKE_NPUS": "0"}, "sees no NPU"),
         ({"PYTHONPATH": "/nowhere"}, "the probe failed"),
     ],
@@ -535,7 +542,7 @@ def test_probe_refuses_a_host_that_cannot_run_the_check(
     fake_env: dict[str, str], tmp_path: Path, changes: dict[str, str], expected: str
 ) -> None:
     with pytest.raises(UsageError) as caught:
-        npu_check.probe({**fake_env, **changes}, tmp_path)
+        probe({**fake_env, **changes}, tmp_path)
     assert expected in str(caught.value)
 
 
@@ -548,7 +555,7 @@ def test_parity_runs_native_vllm_ascend_and_the_afd_worker(
 ) -> None:
     """Two engine processes: the native one on vLLM-Ascend's platform with NPUWorker, the AFD one
     on AFD's with the AFD worker and the loopback connector; equal tokens pass."""
-    result = npu_check.run_parity(_setup(tmp_path, fake_env))
+    result = checks.run_parity(_setup(tmp_path, fake_env))
     assert result.passed, result.problems
     assert result.details["native"]["classes"] == "NPUWorker/NPUModelRunner"
     assert result.details["afd"]["tokens"] == TOKENS
@@ -561,7 +568,7 @@ def test_parity_runs_native_vllm_ascend_and_the_afd_worker(
 
 
 def test_parity_fails_on_a_token_difference(fake_env: dict[str, str], tmp_path: Path) -> None:
-    result = npu_check.run_parity(_setup(tmp_path, {**fake_env, "FAKE_AFD_SHIFT": "1"}))
+    result = checks.run_parity(_setup(tmp_path, {**fake_env, "FAKE_AFD_SHIFT": "1"}))
     assert not result.passed
     assert "greedy tokens differ: prompt 0 differs from token 0" in result.problems[0]
 
@@ -570,8 +577,8 @@ def test_an_afd_engine_on_vllm_ascends_platform_refuses_to_run(
     fake_env: dict[str, str], tmp_path: Path
 ) -> None:
     """Without AFD's platform the AFD engine stops before building the LLM, saying why."""
-    env = {**fake_env, "VLLM_PLUGINS": npu_check.NATIVE_PLUGINS}
-    result = npu_check.run_parity(_setup(tmp_path, env))
+    env = {**fake_env, "VLLM_PLUGINS": settings.NATIVE_PLUGINS}
+    result = checks.run_parity(_setup(tmp_path, env))
     assert not result.passed
     assert "the AFD engine failed: exited with 3" in result.problems[0]
     assert "this run needs AFD's subclass of vllm_ascend.platform.NPUPlatform" in result.problems[0]
@@ -629,46 +636,30 @@ def test_the_doc_selects_the_plugins_this_repo_installs() -> None:
     """Every VLLM_PLUGINS in the doc is the list npu_check requires; its AFD names are the entry
     points pyproject.toml declares, the platform one under vllm.platform_plugins."""
     exports = EXPORT.findall(NPU_DOC.read_text())
-    assert len(exports) == 5 and set(exports) == {npu_check.AFD_PLUGINS}
-    names = npu_check.AFD_PLUGINS.split(",")
-    assert npu_check.plugins_problem(npu_check.AFD_PLUGINS) is None
-    ours = [name for name in names if name not in npu_check.ASCEND_GENERAL_PLUGINS]
-    assert pyproject_entry_points("vllm.platform_plugins") == {npu_check.PLATFORM_PLUGIN}
-    assert set(ours) == {npu_check.PLATFORM_PLUGIN} | pyproject_entry_points("vllm.general_plugins")
+    assert len(exports) == 5 and set(exports) == {settings.AFD_PLUGINS}
+    names = settings.AFD_PLUGINS.split(",")
+    assert plugins_problem(settings.AFD_PLUGINS) is None
+    ours = [name for name in names if name not in settings.ASCEND_GENERAL_PLUGINS]
+    assert pyproject_entry_points("vllm.platform_plugins") == {settings.PLATFORM_PLUGIN}
+    assert set(ours) == {settings.PLATFORM_PLUGIN} | pyproject_entry_points("vllm.general_plugins")
     from afd_models.platforms import NPU_PLUGINS  # the list AFD's NPU platform names
 
     assert names == list(NPU_PLUGINS)
 
 
-def module_literals(path: Path) -> dict[str, Any]:
-    """A module's top-level names bound to literals, from its source (nothing is imported)."""
-    literals: dict[str, Any] = {}
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            if isinstance(target, ast.Name):
-                try:
-                    literals[target.id] = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-    return literals
-
-
 def test_the_doc_names_the_workers_this_repo_exports() -> None:
-    """The --worker-cls paths are the NPU workers afd_models.workers names (``NPU_WORKERS``, read
-    without importing vLLM), one per role; the Attention one is what npu_check runs."""
-    exported = module_literals(ROOT / "afd_models" / "workers.py")["NPU_WORKERS"]
+    """The --worker-cls paths are the NPU workers of the worker-class table
+    (``afd_models.launch``, read without importing vLLM), one per role; the Attention one is what
+    npu_check runs."""
     blocks = recipe_blocks()
     workers = {
         role: flag(serve_args(blocks[role]), "--worker-cls") for role in ("ffn", "attention")
     }
     assert workers == {
         "ffn": "afd_models.workers.AFDFFNNPUWorker",
-        "attention": npu_check.ATTENTION_WORKER,
+        "attention": settings.ATTENTION_WORKER.path,
     }
-    for path in workers.values():
-        module, _, name = path.rpartition(".")
-        assert module == "afd_models.workers" and name in exported
+    assert workers == {role.value: worker_class("npu", role).path for role in Role}
 
 
 def test_the_doc_launches_2a1f_with_camp2p_on_npu() -> None:

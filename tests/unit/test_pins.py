@@ -110,7 +110,7 @@ def test_an_installed_release_outside_the_window_is_refused() -> None:
 def test_audit_apply_adds_a_release_to_the_window(tmp_path: Path) -> None:
     """``audit --apply`` (drift_cli.support) adds to vLLM's also_supported, in release order,
     once, and leaves the other packages' tables alone."""
-    from codegen.drift.audit import support
+    from codegen.audit import support
 
     path = tmp_path / "pins.toml"
     path.write_text(VLLM + PIN)
@@ -131,7 +131,7 @@ def test_audit_apply_adds_a_release_to_the_window(tmp_path: Path) -> None:
     ],
 )
 def test_audit_apply_keeps_any_list_layout_valid(tmp_path: Path, layout: str) -> None:
-    from codegen.drift.audit import support
+    from codegen.audit import support
 
     path = tmp_path / "pins.toml"
     path.write_text(VLLM.replace('version = "0.26.0"', 'version = "0.26.0"  # primary') + layout)

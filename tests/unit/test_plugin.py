@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from afd_models.plugin import (
-    AFD_ARCHITECTURES,
+    ARCHITECTURES,
+    BY_NATIVE,
     GENERATED,
     afd_architecture,
     registrations,
-    release_numbers,
     served_on,
 )
-
-
-@pytest.mark.parametrize(
-    ("version", "numbers"),
-    [
-        ("0.26.0", (0, 26, 0)),
-        ("0.30.0+cpu", (0, 30, 0)),
-        ("0.26.0rc1", (0, 26, 0)),
-        ("0.3", (0, 3)),
-    ],
-)
-def test_release_numbers(version: str, numbers: tuple[int, ...]) -> None:
-    assert release_numbers(version) == numbers
+from afd_models.release_order import release_key
+from codegen.drift.model_registry import native_architectures
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.28.0+cpu"])
@@ -38,7 +29,7 @@ def test_v32_is_served_with_the_v3_class_before_it_has_its_own(version: str) -> 
     assert registrations(version)["AFDDeepseekV32ForCausalLM"] == (
         f"{GENERATED}.model_executor.models.deepseek_v2:AFDDeepseekV3ForCausalLM"
     )
-    assert set(served_on(version)) == set(AFD_ARCHITECTURES) - {"DeepseekV4ForCausalLM"}
+    assert set(served_on(version)) == set(BY_NATIVE) - {"DeepseekV4ForCausalLM"}
 
 
 @pytest.mark.parametrize("version", ["0.30.0+cpu", "0.32.0"])
@@ -75,7 +66,7 @@ def test_v32_is_served_from_its_own_cuda_class_where_vllm_gives_it_one(version: 
         afd_architecture("DeepseekV3ForCausalLM", version, "cuda", tensor_parallel_size=2)
         == "AFDDeepseekV3ForCausalLM"
     )
-    assert set(served_on(version)) == set(AFD_ARCHITECTURES)
+    assert set(served_on(version)) == set(BY_NATIVE)
 
 
 def test_an_architecture_without_an_afd_model_is_refused() -> None:
@@ -83,10 +74,10 @@ def test_an_architecture_without_an_afd_model_is_refused() -> None:
         afd_architecture("LlamaForCausalLM", "0.26.0", "cpu")
 
 
-@pytest.mark.parametrize("version", ["0.26.0", "0.28.0"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.28.0", "0.30.0rc1"])
 def test_v4_is_refused_by_name_before_its_cpu_implementation(version: str) -> None:
     """vLLM has V4 on CUDA, ROCm and XPU before 0.30; the CPU implementation AFD's class is
-    generated from comes with 0.30 (drift's DRF051 on 0.28 -> 0.30)."""
+    generated from comes with 0.30 (drift's DRF051 on 0.28 -> 0.30), not with its candidates."""
     with pytest.raises(ValueError) as refused:
         afd_architecture("DeepseekV4ForCausalLM", version, "cpu")
     assert str(refused.value) == (
@@ -118,3 +109,28 @@ def test_v4_is_registered_from_030_for_the_cpu_implementation(version: str) -> N
 
 def test_v4_is_served_on_a_cpu_release_not_known_to_fail() -> None:
     assert afd_architecture("DeepseekV4ForCausalLM", "0.34.0", "cpu") == "AFDDeepseekV4ForCausalLM"
+
+
+def test_a_vllm_that_does_not_know_its_release_is_refused_naming_it() -> None:
+    """A vLLM build that lost its version says ``__version__ == "dev"``: the workers refuse it by
+    name, since which classes serve it depends on the release (the plugin registers nothing)."""
+    with pytest.raises(ValueError, match=r"'dev' is not a release such as 0\.28\.0"):
+        afd_architecture("DeepseekV2ForCausalLM", "dev", "cpu")
+    with pytest.raises(ValueError, match="'dev' is not a release"):
+        registrations("dev")
+
+
+def test_each_row_lists_its_classes_oldest_first() -> None:
+    """A row's classes serve from their ``since`` on, in order: the first one may serve every
+    release, the later ones start at later releases."""
+    for row in ARCHITECTURES:
+        since = [c.since for c in row.classes]
+        assert all(s is not None for s in since[1:]), row.native
+        keys = [release_key(s) for s in since if s is not None]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys), row.native
+
+
+def test_drift_reads_the_rows_the_runtime_serves() -> None:
+    """``codegen drift`` reads the native architectures from plugin.py without importing it."""
+    repo = Path(__file__).resolve().parents[2]
+    assert native_architectures(repo) == [row.native for row in ARCHITECTURES]

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.mutations import OPERATORS, Mutator
 from benchmarks.mutations import run as run_mutations
 from codegen.cli import main
-from codegen.drift.run import DriftRun, UnknownPackage, drift_markdown, run_drift
+from codegen.drift_run import DriftRun, UnknownPackage, drift_markdown, run_drift
 from codegen.findings import summary
 from codegen.pipeline import generate, open_context
 

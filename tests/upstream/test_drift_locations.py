@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from codegen.drift.run import DriftRun, run_drift
+from codegen.drift_run import DriftRun, run_drift
 from codegen.report import as_sarif
 
 from .conftest import REPO, changed_tree, once

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from codegen.drift.run import run_drift
+from codegen.drift_run import run_drift
 from codegen.findings import Finding
 
 from .conftest import REPO, changed_tree, once

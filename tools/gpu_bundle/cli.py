@@ -1,6 +1,6 @@
 """The bundle's command line: ``python -m tools.gpu_bundle build | assemble | install``.
 
-Exit codes (the project's, :class:`codegen.findings.ExitCode`): 0 done; 3 bad usage, or the
+Exit codes (the project's, :class:`afd_models.commandline.ExitCode`): 0 done; 3 bad usage, or the
 bundle cannot be built, verified or installed (a damaged part, a host that does not fit, pip
 failing; the message says which), or the tool itself crashed.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 from tools.gpu_bundle.build import build_bundle
 from tools.gpu_bundle.install import assemble, install
 from tools.gpu_bundle.manifest import (

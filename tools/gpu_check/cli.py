@@ -1,6 +1,6 @@
 """The GPU check's command line: ``python -m tools.gpu_check``.
 
-Exit codes (the project's, :class:`codegen.findings.ExitCode`): 0 every run that ran passed; 2 a
+Exit codes (the project's, :class:`afd_models.commandline.ExitCode`): 0 every run that ran passed; 2 a
 comparison or counter check failed; 3 bad usage, a host that cannot run the check (no vLLM and no
 ``--bundle``, no CUDA device, stale generated code), or the check itself crashed.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 from tools.gpu_check.host import base_env, default_target, install_bundle, prepare
 from tools.gpu_check.modes import MODES, VLLM_VERSION, Gate, Mode
 from tools.gpu_check.plan import Deadline, Runner, check, run_order

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from afd_models.config import Role
+from afd_models.launch import Runner, worker_class
 from tools.harness.results import Counters
 
 #: the release the GPU bundle carries (``python -m tools.gpu_bundle``); a host with vLLM
@@ -34,12 +36,12 @@ ENGINE_ENV: Mapping[str, str] = {
     # the AFD Attention worker refuses vLLM's breakable graph wrapper (it announces no AFD step)
     "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
 }
-ATTENTION_WORKER = "afd_models.workers.AFDAttentionWorker"
-FFN_WORKER = "afd_models.workers.AFDFFNWorker"
+ATTENTION_WORKER = worker_class("cuda", Role.ATTENTION).path
+FFN_WORKER = worker_class("cuda", Role.FFN).path
 NATIVE_CLASSES = "Worker/GPUModelRunner"
-ATTENTION_CLASSES = "AFDAttentionWorker/AFDAttentionGPUModelRunner"
-ATTENTION_CLASSES_V2 = "AFDAttentionWorker/AFDAttentionGPUModelRunnerV2"
-FFN_CLASSES = "AFDFFNWorker/AFDFFNGPUModelRunner"
+ATTENTION_CLASSES = worker_class("cuda", Role.ATTENTION).classes(Runner.V1)
+ATTENTION_CLASSES_V2 = worker_class("cuda", Role.ATTENTION).classes(Runner.V2)
+FFN_CLASSES = worker_class("cuda", Role.FFN).classes()
 LOOPBACK = "LoopbackAFDConnector"
 NCCL = "NcclAFDConnector"
 #: seconds an Attention engine of the NCCL pair waits for its FFN peer, and for any transfer
@@ -205,15 +207,8 @@ def mode_named(name: str) -> Mode:
     raise KeyError(name)
 
 
-class Gate(str, enum.Enum):
-    """Where the MoE gate runs (``compute_gate_on_attention``)."""
-
-    ATTENTION = "attention"
-    FFN = "ffn"
-
-    @property
-    def on_attention(self) -> bool:
-        return self is Gate.ATTENTION
+#: where the MoE gate runs: the role that computes it (``compute_gate_on_attention``: ATTENTION)
+Gate = Role
 
 
 #: the gate placements in run order: the FFN role computing the gate first

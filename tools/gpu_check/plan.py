@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Protocol
 
-from codegen.releases import release_key
+from afd_models.release_order import release_key
 from tools.gpu_check import runs
 from tools.gpu_check.modes import GATE_ORDER, MODES, PRIORITY, Gate, Mode
 from tools.gpu_check.report import ModeReport, ModeStatus, NcclReport, NcclStatus, Report

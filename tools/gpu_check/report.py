@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from codegen.findings import ExitCode
+from afd_models.commandline import ExitCode
 from tools.gpu_check.modes import COMMON_ENGINE_ARGS, EXCHANGE_IN_GRAPH, Mode, mode_named
 from tools.gpu_check.verdict import PairResult
 from tools.harness.results import MAX_TOKENS, PROMPTS, TIMED_REPEATS

@@ -86,7 +86,7 @@ def run_pair(
     afd = {
         "role": "attention",
         "connector": LOOPBACK,
-        "compute_gate_on_attention": gate.on_attention,
+        "compute_gate_on_attention": gate is Gate.ATTENTION,
     }
     spec = EngineSpec(
         f"afd-{mode.name}-gate-on-{gate.value}",
@@ -113,7 +113,7 @@ def run_nccl_pair(mode: Mode, gate: Gate, setup: Setup, native: EngineResult) ->
     section = {
         "connector": NCCL,
         "port": free_port(),
-        "compute_gate_on_attention": gate.on_attention,
+        "compute_gate_on_attention": gate is Gate.ATTENTION,
         "connector_extra_config": {
             "connect_timeout_s": NCCL_CONNECT_TIMEOUT_S,
             "timeout_s": NCCL_TIMEOUT_S,

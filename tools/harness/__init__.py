@@ -6,6 +6,6 @@
 * :mod:`tools.harness.processes`: starting, bounding and killing engine processes (parent side).
 * :mod:`tools.harness.child`: the engine processes' side (spec, result, exit).
 
-Standard library only (and the standard-library-only ``codegen.findings``), like every module
-the checks import in the parent process.
+Standard library only (and the standard-library-only :mod:`afd_models.commandline`), like every
+module the checks import in the parent process.
 """

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codegen.findings import ExitCode
+from afd_models.commandline import ExitCode
 from tools.harness.cli import write_atomic
 from tools.harness.results import EngineSpec
 

@@ -1,5 +1,5 @@
 """What every tool's command line shares: usage errors and the crash guard that give
-the project's exit codes (:class:`codegen.findings.ExitCode`, the table in docs/maintainers.md:
+the project's exit codes (:class:`afd_models.commandline.ExitCode`, the table in docs/maintainers.md:
 0 clean, 2 a check found a real problem, 3 bad usage or a tool error), progress lines and the
 atomic JSON report. No tool has review-only findings (1)."""
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from codegen.findings import ExitCode
+from afd_models.commandline import ExitCode
 
 
 class UsageError(Exception):

@@ -115,7 +115,7 @@ def parity_problems(afd: EngineResult, native: EngineResult) -> list[str]:
         problems.append(f"the native engine ran {native.classes}, expected {NATIVE_CLASSES}")
     if not afd.ok:
         return [*problems, f"the AFD engine failed: {afd.error}"]
-    worker = ATTENTION_WORKER.rpartition(".")[2]
+    worker = ATTENTION_WORKER.name
     if afd.classes.partition("/")[0] != worker:
         problems.append(f"the AFD engine ran {afd.classes}, expected the worker {worker}")
     if native.ok and afd.tokens != native.tokens:
@@ -147,8 +147,8 @@ def run_parity(setup: Setup) -> CheckResult:
     )
     afd_args = {
         **ENGINE_ARGS,
-        "worker_cls": ATTENTION_WORKER,
-        "additional_config": {"afd": {"role": "attention", "connector": LOOPBACK}},
+        "worker_cls": ATTENTION_WORKER.path,
+        "additional_config": {"afd": {"role": ATTENTION_WORKER.role.value, "connector": LOOPBACK}},
     }
     afd = run_engine(
         EngineSpec("afd-loopback", str(setup.model), afd_args, afd_attention=True),
@@ -163,5 +163,7 @@ def run_parity(setup: Setup) -> CheckResult:
         "afd": afd.as_dict(),
         "native": native.as_dict(),
     }
-    what = f"native vLLM-Ascend vs {ATTENTION_WORKER} + {LOOPBACK}, one MoE layer, eager, greedy"
+    what = (
+        f"native vLLM-Ascend vs {ATTENTION_WORKER.path} + {LOOPBACK}, one MoE layer, eager, greedy"
+    )
     return CheckResult(PARITY, what, tuple(parity_problems(afd, native)), details)

@@ -62,7 +62,7 @@ def probe_main(out: Path) -> int:
     try:
         import afd_models.workers
 
-        getattr(afd_models.workers, ATTENTION_WORKER.rpartition(".")[2])
+        getattr(afd_models.workers, ATTENTION_WORKER.name)
     except ImportError as exc:
         info["afd_models_error"] = f"{type(exc).__name__}: {exc}"
     except AttributeError as exc:

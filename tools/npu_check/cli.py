@@ -1,6 +1,6 @@
 """The NPU check's command line: ``python -m tools.npu_check``.
 
-Exit codes (the project's, :class:`codegen.findings.ExitCode`): 0 both checks passed; 2 a check
+Exit codes (the project's, :class:`afd_models.commandline.ExitCode`): 0 both checks passed; 2 a check
 failed; 3 bad usage, a host that cannot run the check (no torch_npu or vLLM-Ascend, the ``afd_npu``
 platform plugin not installed or not selected by ``VLLM_PLUGINS``, no NPU, other versions, stale
 generated code), or the check itself crashed.
@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
 from tools.harness.cli import UsageError, guarded, write_json
 from tools.harness.processes import REPO_ROOT
 from tools.npu_check import checks

@@ -91,7 +91,7 @@ def host_info(info: Mapping[str, Any], visible_devices: str | None) -> HostInfo:
             "build artifact: run `python -m codegen regenerate` in this environment)"
         )
     if "worker_error" in info:
-        raise UsageError(f"{ATTENTION_WORKER} does not import: {info['worker_error']}")
+        raise UsageError(f"{ATTENTION_WORKER.path} does not import: {info['worker_error']}")
     if not info["afd_platform"]:
         raise UsageError(
             f"vLLM selected the platform {info['platform']}, not AFD's subclass of {NPU_PLATFORM} "

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from codegen.findings import ExitCode
+from afd_models.commandline import ExitCode
 from tools.npu_check.checks import CheckResult
 from tools.npu_check.host import HostInfo
 from tools.npu_check.settings import FORMAT

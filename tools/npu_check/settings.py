@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from afd_models.config import Role
+from afd_models.launch import worker_class
+
 FORMAT = "afd-npu-check/1"
 VLLM_VERSION = "0.26.0"
 VLLM_ASCEND_VERSION = "0.26.0rc1"
@@ -27,7 +30,8 @@ AFD_PLUGINS = ",".join((PLATFORM_PLUGIN, GENERAL_PLUGIN, *ASCEND_GENERAL_PLUGINS
 #: ``VLLM_PLUGINS`` of the native engine: vLLM-Ascend as shipped, nothing of AFD
 NATIVE_PLUGINS = ",".join((ASCEND_PLATFORM_PLUGIN, *ASCEND_GENERAL_PLUGINS))
 
-ATTENTION_WORKER = "afd_models.workers.AFDAttentionNPUWorker"
+#: the AFD worker the parity check runs (its ``path`` is the engine's ``--worker-cls``)
+ATTENTION_WORKER = worker_class("npu", Role.ATTENTION)
 LOOPBACK = "LoopbackAFDConnector"
 NATIVE_CLASSES = "NPUWorker/NPUModelRunner"
 NPU_PLATFORM = "vllm_ascend.platform.NPUPlatform"

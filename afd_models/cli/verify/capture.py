@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from afd_models.cli.verify.errors import VerifyError
-from codegen.findings import CommandParser
+from afd_models.commandline import CommandParser
+from afd_models.config import Role
+from afd_models.launch import worker_class
 
 if TYPE_CHECKING:
     import torch
@@ -32,9 +34,9 @@ class Mode(enum.Enum):
     AFD_GATE_ON_ATTENTION = "afd-attention"
 
     @staticmethod
-    def afd(gate_on: str) -> Mode:
-        """The AFD run with the gate on ``gate_on`` (``"ffn"`` or ``"attention"``)."""
-        return Mode(f"afd-{gate_on}")
+    def afd(gate: Role) -> Mode:
+        """The AFD run with the gate on the ``gate`` role."""
+        return Mode(f"afd-{gate.value}")
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,10 @@ def capture(model_dir: str, mode: Mode, settings: RunSettings, out: str) -> None
     )
     if mode is not Mode.NATIVE:
         kwargs.update(
-            worker_cls="afd_models.workers.AFDAttentionCPUWorker",
+            worker_cls=worker_class("cpu", Role.ATTENTION).path,
             additional_config={
                 "afd": {
-                    "role": "attention",
+                    "role": Role.ATTENTION.value,
                     "connector": "LoopbackAFDConnector",
                     "compute_gate_on_attention": mode is Mode.AFD_GATE_ON_ATTENTION,
                 }

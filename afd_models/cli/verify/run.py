@@ -33,7 +33,8 @@ from afd_models.cli.verify.compare import TOLERANCE, PlacementReport, compare, s
 from afd_models.cli.verify.errors import VerifyError
 from afd_models.cli.verify.shrink import shrink
 from afd_models.cli.verify.validate import check_fields, check_size, load_config, validate
-from codegen.findings import CommandParser, ExitCode
+from afd_models.commandline import CommandParser, ExitCode
+from afd_models.config import Role
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m afd_models.cli.verify", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--hf-config", type=Path)
-    parser.add_argument("--gate-on", choices=["attention", "ffn", "both"], default="both")
+    parser.add_argument(
+        "--gate-on", choices=[*(gate.value for gate in Role), "both"], default="both"
+    )
     parser.add_argument("--tokens", type=int, default=16, help="prompt length of the prefill batch")
     parser.add_argument("--decode-steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -70,9 +73,9 @@ def _verify(args: argparse.Namespace) -> int:
         config = shrink(config)
     validate(config, mla_disabled=os.environ.get("VLLM_MLA_DISABLE", "0") not in ("", "0"))
     check_size(config)
-    placements: list[str] = ["ffn", "attention"] if args.gate_on == "both" else [args.gate_on]
+    placements = [Role.FFN, Role.ATTENTION] if args.gate_on == "both" else [Role(args.gate_on)]
     settings = RunSettings(args.tokens, args.decode_steps, args.seed, args.dtype)
-    reports: dict[str, PlacementReport] = {}
+    reports: dict[Role, PlacementReport] = {}
     with tempfile.TemporaryDirectory(prefix="afd-verify-") as tmp:
         work = Path(tmp)
         model_dir = write_checkpoint(work / "model", config, seed=args.seed, dtype=args.dtype)
@@ -89,16 +92,16 @@ def _verify(args: argparse.Namespace) -> int:
             "config": str(args.hf_config),
             "dtype": args.dtype,
             "tolerance": tolerance,
-            **{f"gate_on_{gate}": report.as_dict() for gate, report in reports.items()},
+            **{f"gate_on_{gate.value}": report.as_dict() for gate, report in reports.items()},
         }
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return ExitCode.CLEAN if ok else ExitCode.BLOCK
 
 
-def _print(gate: str, report: PlacementReport, dtype: str, tolerance: float) -> bool:
+def _print(gate: Role, report: PlacementReport, dtype: str, tolerance: float) -> bool:
     """Print one placement's table and verdict; whether it passed."""
     comparison, split = report.comparison, report.params
-    print(f"\ngate on {gate}: {comparison.forwards} forward passes, dtype {dtype}")
+    print(f"\ngate on {gate.value}: {comparison.forwards} forward passes, dtype {dtype}")
     print(f"  {'layer':>5}  {'prefill max|Δ|':>15}  {'decode max|Δ|':>15}  {'max rel':>10}")
     for layer, entry in comparison.layers.items():
         print(

@@ -20,7 +20,7 @@ from afd_models.cli.hf_config import (
 )
 from afd_models.cli.verify.errors import VerifyError
 from afd_models.freshness import installed_vllm
-from afd_models.plugin import AFD_ARCHITECTURES, afd_architecture, served_on
+from afd_models.plugin import BY_NATIVE, afd_architecture, served_on
 
 #: attention head sizes vLLM's CPU attention backend supports
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -59,7 +59,7 @@ def check_fields(config: dict[str, Any]) -> None:
     if vllm_version is None:
         raise VerifyError("vLLM is not installed here; verify runs in a CPU env with vLLM")
     served = served_on(vllm_version)
-    if len(architectures) == 1 and architectures[0] in AFD_ARCHITECTURES:
+    if len(architectures) == 1 and architectures[0] in BY_NATIVE:
         # served on this release and the CPU platform, or refused saying why not
         try:
             afd_architecture(architectures[0], vllm_version, "cpu")

@@ -55,7 +55,7 @@ class P2PAttentionConnector(AFDConnector):
     ``plane``.
 
     ``fingerprint`` describes this worker's engine (see
-    :func:`afd_models.connectors.factory.fingerprint`); without one the connector presents a bare
+    :func:`afd_models.wiring.connect.fingerprint`); without one the connector presents a bare
     fingerprint, which only a bare FFN connector accepts (benchmarks, tests). ``secret`` is the
     deployment's shared secret, which the FFN side must ask for and prove (None: it must not).
     """

@@ -17,9 +17,9 @@ import secrets
 import socket
 import struct
 
-from afd_models.config import AUTH_TOKEN_ENV
 from afd_models.connectors.base import AFDConnectionError
 from afd_models.connectors.p2p.wire import read_into
+from afd_models.connectors.specs import AUTH_TOKEN_ENV
 
 #: bytes of each side's nonce
 NONCE_BYTES = 32

@@ -24,6 +24,7 @@ from afd_models.force_load_balance import with_balanced_moe
 from afd_models.generated_classes import generated_subclass  # noqa: F401 (edit code)
 from afd_models.platforms import require_afd_npu_platform
 from afd_models.runner_roles import (
+    build_runner,  # noqa: F401 (edit code)
     ffn_counters,
     ffn_recent_steps,
     ffn_server_of,
@@ -44,14 +45,14 @@ RUNS_NOTHING = delta(
 
 ATTENTION_RUNNER = replace(
     "if self.use_v2_model_runner:\n    $...V2\nelse:\n    self.model_runner = NPUModelRunner(self.vllm_config, self.device)",
-    "runner = generated_subclass('AFDAttentionNPUModelRunner', NPUModelRunner)\nself.model_runner = runner(self.vllm_config, self.device)",
+    "self.model_runner = build_runner(generated_subclass('AFDAttentionNPUModelRunner', NPUModelRunner), self)",
     id="afd-runner",
     why="the worker hard-codes its runner; the AFD one is built instead (the Attention worker "
     "refuses Model Runner V2 off CUDA with the engine config)",
 )
 FFN_RUNNER = replace(
     "if self.use_v2_model_runner:\n    $...V2\nelse:\n    self.model_runner = NPUModelRunner(self.vllm_config, self.device)",
-    "runner = generated_subclass('AFDFFNNPUModelRunner', NPUModelRunner)\nself.model_runner = runner(self.vllm_config, self.device)",
+    "self.model_runner = build_runner(generated_subclass('AFDFFNNPUModelRunner', NPUModelRunner), self)",
     id="afd-runner",
     why="the worker hard-codes its runner; the AFD FFN one, derived from MRv1, is built whichever "
     "runner vLLM-Ascend picked (the FFN role serves steps, never batches)",
@@ -73,7 +74,7 @@ class AFDAttentionNPUWorker(NPUWorker):
         **kwargs,
     ):
         require_afd_npu_platform()
-        config, _ = prepare_worker_config(vllm_config, Role.ATTENTION)
+        config, afd = prepare_worker_config(vllm_config, Role.ATTENTION)
         super().__init__(
             config,
             local_rank,
@@ -82,6 +83,8 @@ class AFDAttentionNPUWorker(NPUWorker):
             is_driver_worker=is_driver_worker,
             **kwargs,
         )
+        # parsed once, here: the runner and the connector take it from the worker
+        self.afd_config = afd
 
     @fork(ATTENTION_RUNNER)
     def init_device(self): ...
@@ -112,8 +115,8 @@ class AFDFFNNPUWorker(NPUWorker):
         **kwargs,
     ):
         require_afd_npu_platform()
-        config, _ = prepare_worker_config(vllm_config, Role.FFN)
-        config = with_balanced_moe(config)
+        config, afd = prepare_worker_config(vllm_config, Role.FFN)
+        config = with_balanced_moe(config, afd)
         super().__init__(
             config,
             local_rank,
@@ -122,6 +125,7 @@ class AFDFFNNPUWorker(NPUWorker):
             is_driver_worker=is_driver_worker,
             **kwargs,
         )
+        self.afd_config = afd
         # as on CPU and CUDA: the operator's --enforce-eager says whether the FFN role may
         # replay ACL graphs for the Attention's replays
         self.afd_device_graphs = not vllm_config.model_config.enforce_eager

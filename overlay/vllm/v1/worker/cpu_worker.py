@@ -21,6 +21,7 @@ from afd_models.config import Role
 from afd_models.generated_classes import generated_subclass
 from afd_models.runner_roles import (
     attention_runner_class,
+    build_runner,
     dummy_step_across_restarts,
     ffn_counters,
     ffn_recent_steps,
@@ -135,18 +136,19 @@ class AFDAttentionCPUWorker(CPUWorker):
         distributed_init_method: str,
         is_driver_worker: bool = False,
     ):
-        config, _ = prepare_worker_config(vllm_config, Role.ATTENTION)
+        config, afd = prepare_worker_config(vllm_config, Role.ATTENTION)
         super().__init__(
             config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )
+        # parsed once, here: the runner and the connector take it from the worker
+        self.afd_config = afd
 
     @override(deltas=(INIT_DEVICE_SPAN,))
     def init_device(self):
         super().init_device()
         # vLLM hard-codes its runner in init_device (V1 or Model Runner V2, as it chose); use
         # the AFD runner generated for that class
-        runner = attention_runner_class(type(self.model_runner))
-        self.model_runner = runner(self.vllm_config, self.device)
+        self.model_runner = build_runner(attention_runner_class(type(self.model_runner)), self)
 
     @override
     def execute_dummy_batch(self) -> None:
@@ -178,10 +180,11 @@ class AFDFFNCPUWorker(CPUWorker):
         distributed_init_method: str,
         is_driver_worker: bool = False,
     ):
-        config, _ = prepare_worker_config(vllm_config, Role.FFN)
+        config, afd = prepare_worker_config(vllm_config, Role.FFN)
         super().__init__(
             config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )
+        self.afd_config = afd
         # the FFN worker's own config runs eagerly; the operator's --enforce-eager (on the
         # engine's config) says whether it may replay device graphs for the Attention's replays
         self.afd_device_graphs = not vllm_config.model_config.enforce_eager
@@ -193,7 +196,7 @@ class AFDFFNCPUWorker(CPUWorker):
     def init_device(self):
         super().init_device()
         runner = generated_subclass("AFDFFNCPUModelRunner", type(self.model_runner))
-        self.model_runner = runner(self.vllm_config, self.device)
+        self.model_runner = build_runner(runner, self)
 
     @override
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:

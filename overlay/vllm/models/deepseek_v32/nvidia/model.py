@@ -9,7 +9,7 @@ experts; the FFN role builds the experts, and nothing of attention or the indexe
 
 V3.2's layers leave the MoE and dense outputs unreduced across tensor-parallel ranks and fold the
 all-reduce into the next layer's norm; AFD's exchange hands every lane the whole output, so these
-classes serve one lane per role (``afd_models.plugin.SINGLE_LANE``).
+classes serve one lane per role (their ``single_lane`` in ``afd_models.plugin.ARCHITECTURES``).
 """
 
 from collections.abc import Iterable

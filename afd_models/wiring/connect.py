@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig
 
-from afd_models.config import AFDConfig, AFDConfigError, Role, require_afd_config, shared_secret
+from afd_models.config import AFDConfig, AFDConfigError, shared_secret
 from afd_models.connectors.base import AFDConnector, FFNConnector, Fingerprint
-from afd_models.connectors.build import InProcessAttention, PrepareAttention, PrepareFFN, Site
+from afd_models.connectors.build import PrepareAttention, PrepareFFN, Site
 from afd_models.connectors.specs import CONNECTORS, P2PExtraConfig
 from afd_models.models.ffn import token_id_layers
 from afd_models.topology import (
@@ -58,6 +58,14 @@ class FFNConnect(Protocol):
     ) -> FFNConnector: ...
 
 
+class InProcessAttention(Protocol):
+    """An in-process connector's builder (the wiring's, :mod:`afd_models.wiring.loopback`): the
+    Attention side with its FFN half already built from the engine config and its parsed AFD
+    section (before the Attention model, which needs it to exist)."""
+
+    def __call__(self, vllm_config: VllmConfig, afd: AFDConfig) -> AFDConnector: ...
+
+
 def builder(reference: str) -> object:
     """The function a connector's row names as ``"module:function"``, imported now."""
     module, _, name = reference.partition(":")
@@ -75,13 +83,12 @@ def _served(reference: str | None, afd: AFDConfig) -> str:
     return reference
 
 
-def worker_role_rank(vllm_config: VllmConfig) -> int:
+def worker_role_rank(vllm_config: VllmConfig, afd: AFDConfig) -> int:
     """This worker's index among the DP ranks of its role (its TP rank is its lane), after checking
     that the engine's DP ranks (``rank_offset`` ... ``rank_offset + DP - 1``) fit the configured
     count, that its lanes' ports exist and, on the Attention role, that it holds only whole FFN
     groups."""
     parallel = vllm_config.parallel_config
-    afd = require_afd_config(vllm_config.additional_config)
     dp_size, tp_size = parallel.data_parallel_size, parallel.tensor_parallel_size
     dp_rank = parallel.data_parallel_rank if dp_size > 1 else 0
     first = afd.rank_offset
@@ -110,8 +117,9 @@ def worker_role_rank(vllm_config: VllmConfig) -> int:
 
 def _step_channel_secret(afd: AFDConfig) -> bytes | None:
     """The shared secret a point-to-point connector's step channels authenticate with, checked
-    against the deployment's addresses (:func:`~afd_models.config.shared_secret`); None for the
-    connectors without a step channel, whose peers meet through a runtime of their own."""
+    against the deployment's addresses (:func:`~afd_models.config.shared_secret`: its file is
+    read here, once per connect step); None for the connectors without a step channel, whose
+    peers meet through a runtime of their own."""
     if not isinstance(afd.connector_extra_config, P2PExtraConfig):
         return None
     return shared_secret(afd, os.environ)
@@ -190,7 +198,7 @@ def fingerprint(
 
 
 def prepare_attention(
-    vllm_config: VllmConfig, tp_rank: int, device: torch.device
+    vllm_config: VllmConfig, afd: AFDConfig, tp_rank: int, device: torch.device
 ) -> AttentionConnect:
     """The Attention worker's connect step; call before the model is built, then call the result
     with the loaded model.
@@ -201,15 +209,14 @@ def prepare_attention(
     layers in its fingerprint and blocks until its FFN peer accepts it (bounded by the connect
     timeout; a mismatch fails within ``timeout_s``).
     """
-    afd = require_afd_config(vllm_config.additional_config, role=Role.ATTENTION)
     spec = CONNECTORS[afd.connector]
     if spec.attention_only:
         build_in_process = cast(InProcessAttention, builder(_served(spec.attention, afd)))
-        in_process = build_in_process(vllm_config)
+        in_process = build_in_process(vllm_config, afd)
         return lambda _model: in_process
     from afd_models.models.remote import remote_layers
 
-    rank = worker_role_rank(vllm_config)
+    rank = worker_role_rank(vllm_config, afd)
     check_restart(vllm_config, afd)
     secret = _step_channel_secret(afd)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
@@ -238,7 +245,9 @@ def prepare_attention(
     return connect
 
 
-def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> FFNConnect:
+def prepare_ffn(
+    vllm_config: VllmConfig, afd: AFDConfig, tp_rank: int, device: torch.device
+) -> FFNConnect:
     """The FFN worker's connect step; call before the model is built, then call the result with
     the loaded model, which hosts the group and waits for the Attention peers, refusing any whose
     fingerprint differs from its own.
@@ -248,8 +257,7 @@ def prepare_ffn(vllm_config: VllmConfig, tp_rank: int, device: torch.device) -> 
 
     (A loopback connector never gets here: the FFN worker refuses it at start-up.)
     """
-    afd = require_afd_config(vllm_config.additional_config, role=Role.FFN)
-    rank = worker_role_rank(vllm_config)
+    rank = worker_role_rank(vllm_config, afd)
     check_restart(vllm_config, afd)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     group = group_of_ffn(

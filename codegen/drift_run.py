@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from afd_models.release_order import release_key
 from codegen.drift.compare import compare
 from codegen.drift.contracts import ContractKey
 from codegen.drift.model_registry import native_architectures, registry_findings
@@ -35,7 +36,7 @@ from codegen.names import global_names
 from codegen.overlay import committed_edits, declared_members
 from codegen.pipeline import Context, generate, open_context, up_to_date
 from codegen.places import Places
-from codegen.releases import applies, release_key
+from codegen.releases import applies
 from codegen.report import as_markdown
 from codegen.sources import Pin, load_pins, locate
 
@@ -170,7 +171,7 @@ def default_base(pin: Pin, to_version: str) -> tuple[str, str]:
     primary."""
     try:
         target = release_key(to_version)
-    except ValueError:  # a tree's dev version, say: nothing to order it by
+    except ValueError:  # a tree whose version names no release ("dev"): nothing to order it by
         return pin.version, f"the primary release; {to_version} is not a release number"
     below = [v for v in pin.supported if release_key(v) < target]
     if not below:

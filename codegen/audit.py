@@ -3,7 +3,7 @@
     python -m codegen audit --to 0.28.0 [--from 0.26.0] [--to-root DIR] [--out DIR] [--apply]
 
 Drift from the default base (the newest supported release below the target, see
-:func:`codegen.drift.run.default_base`), plus a dry-run regeneration against the new version (in
+:func:`codegen.drift_run.default_base`), plus a dry-run regeneration against the new version (in
 memory), the diff of the code generated for the base and for the new version, and a work list,
 as Markdown with a JSON twin. It touches neither the overlay nor the lock; ``--apply`` adds the
 release to the supported ones and writes its lock only when nothing blocks, for review in a
@@ -18,11 +18,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from codegen.drift.run import drift_markdown, run_drift
-from codegen.findings import ExitCode, Finding, Kind, Severity, exit_code, summary
+from afd_models.commandline import ExitCode
+from afd_models.release_order import release_key
+from codegen.drift_run import drift_markdown, run_drift
+from codegen.findings import Finding, Kind, Severity, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, write_lock, write_output
-from codegen.releases import release_key
 from codegen.report import as_json, counts, ordered
 from codegen.sources import SourceError, choose_version, load_pins
 

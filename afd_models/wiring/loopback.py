@@ -19,7 +19,7 @@ from vllm.forward_context import ForwardContext, create_forward_context, overrid
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 
-from afd_models.config import AFD_KEY, Role, require_afd_config
+from afd_models.config import AFD_KEY, AFDConfig
 from afd_models.connectors.base import AFDConnector, LayerInput, StepHeader
 from afd_models.ffn_compile import ffn_layer_model
 from afd_models.ffn_server import ffn_output
@@ -88,7 +88,7 @@ class LoopbackConnector(AFDConnector):
         return self._results.pop((ubatch, layer_idx))
 
     @classmethod
-    def with_ffn_model(cls, vllm_config: VllmConfig) -> LoopbackConnector:
+    def with_ffn_model(cls, vllm_config: VllmConfig, afd: AFDConfig) -> LoopbackConnector:
         """Build the FFN-role model of this engine's checkpoint in-process and serve it directly.
 
         Call before the Attention model is built: the FFN model gets a deep copy of the config
@@ -104,7 +104,7 @@ class LoopbackConnector(AFDConnector):
         section.pop("connector", None)
         section.pop("connector_extra_config", None)
         ffn_config.additional_config = {**ffn_config.additional_config, AFD_KEY: section}
-        afd = require_afd_config(ffn_config.additional_config, role=Role.FFN)
+        # the gate runs where the Attention worker's parsed section says (the copy's says the same)
         ffn_config = ffn_worker_config(
             ffn_config, current_platform.device_type, afd.compute_gate_on_attention
         )
@@ -121,6 +121,6 @@ class LoopbackConnector(AFDConnector):
         return connector
 
 
-def in_process_attention(vllm_config: VllmConfig) -> LoopbackConnector:
+def in_process_attention(vllm_config: VllmConfig, afd: AFDConfig) -> LoopbackConnector:
     """The loopback Attention side, its FFN half built now (the spec's builder)."""
-    return LoopbackConnector.with_ffn_model(vllm_config)
+    return LoopbackConnector.with_ffn_model(vllm_config, afd)
