@@ -10,17 +10,20 @@ output or fail.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import pytest
-from vllm import __version__ as vllm_version
+import torch
 
 from afd_models.cli.serve import free_port
-from afd_models.release_order import minor_release
+from afd_models.ffn_compile import CompiledLayers
 from tests.engine import run_python_result
 
 pytestmark = pytest.mark.every_release
 
 _CHILD = """
-import json, sys
+import json, logging, sys
 from pathlib import Path
 
 import torch
@@ -42,6 +45,17 @@ config.model_config.enforce_eager = False
 ffn = ffn_worker_config(config, "cpu", False)
 with set_current_vllm_config(ffn):
     model = get_model_loader(ffn.load_config).load_model(vllm_config=ffn, model_config=ffn.model_config)
+
+class Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+warned = Warnings()
+logging.getLogger("vllm.afd.ffn_compile").addHandler(warned)
 compiled = CompiledLayers(model)
 layers = model.ffn_layer_indices()
 # as the FFN server does before its first step
@@ -61,7 +75,7 @@ for tokens in [7, 1, 32, 1, 7, 13]:
             scales.append(float(expected.float().abs().max()))
     graphs.append(counters["stats"]["unique_graphs"])
 result = {"layers": layers, "diffs": diffs, "scale": min(scales), "graphs": graphs,
-          "eager_layers": sorted(compiled.eager_layers)}
+          "eager_layers": sorted(compiled.eager_layers), "warnings": warned.messages}
 
 def kernels(enforce_eager, device, gate_on_attention):
     config.model_config.enforce_eager = enforce_eager
@@ -87,34 +101,28 @@ def compiled(vllm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory)
     )
 
 
-#: the layers that cannot be compiled on a release, and why: they run eagerly, with a warning
-EAGER_LAYERS = {
-    (0, 28): (
-        [1, 2],
-        "vLLM 0.28's MoE layers: a custom op's fake kernel gives the wrong shape, so the "
-        "compiled graph fails on its first call",
-    ),
-}
-
-RELEASE = minor_release(vllm_version)
-
-
 def test_compiled_layers_compute_what_the_eager_ones_do(compiled: dict) -> None:
     """Every layer, called in turn at token counts 7, 1, 32, 1, 7, 13 after the warm-up, gives
     its own eager output up to Inductor's bf16 rounding (a layer's graph reused for another layer,
-    or a one-token graph for 32 tokens, would not); only the layers a release cannot compile ran
-    eagerly."""
-    assert compiled["eager_layers"] == EAGER_LAYERS.get(RELEASE, ([], ""))[0]
+    or a one-token graph for 32 tokens, would not). Which layers compile is the machine's and the
+    release's business (vLLM 0.28's MoE layers compile on some CPUs and not on others): what AFD
+    guarantees is that a layer that does not runs eagerly, with its warning naming it."""
+    assert set(compiled["eager_layers"]) <= set(compiled["layers"]), compiled["eager_layers"]
+    warned = sorted(
+        layer
+        for layer in compiled["layers"]
+        if any(f"layer {layer} cannot be compiled" in m for m in compiled["warnings"])
+    )
+    assert warned == compiled["eager_layers"], compiled["warnings"]
     assert max(compiled["diffs"]) <= 0.02 * compiled["scale"], compiled["diffs"]
 
 
 def test_the_warm_up_compiles_every_graph_before_the_first_step(compiled: dict) -> None:
-    """The warm-up compiles each layer's two graphs (one token, any other count) on zeros; then
-    no real call compiles again."""
-    if RELEASE in EAGER_LAYERS:
-        pytest.skip(EAGER_LAYERS[RELEASE][1])
+    """The warm-up compiles each compiled layer's two graphs (one token, any other count) on
+    zeros (a layer that failed may have left one); then no real call compiles again."""
     graphs = compiled["graphs"]
-    assert graphs[0] == 2 * len(compiled["layers"])
+    compiled_layers = len(compiled["layers"]) - len(compiled["eager_layers"])
+    assert 2 * compiled_layers <= graphs[0] <= 2 * len(compiled["layers"]), graphs
     assert graphs[1:] == [graphs[0]] * len(graphs[1:]), graphs
 
 
@@ -131,3 +139,45 @@ def test_only_a_compiled_engine_with_its_gate_on_ffn_compiles_its_ffn_layers(
         "gate on attention": [False, ["all"], True],
         "cuda": [False, ["all"], True],
     }
+
+
+class _TwoLayers:
+    """An FFN model of two layers: layer 0 compiles, layer 1 breaks Dynamo's graph, so its
+    whole-graph compilation fails on every machine."""
+
+    def compute_ffn_output(
+        self, layer_idx: int, hidden_states: torch.Tensor, router_logits: object = None
+    ) -> torch.Tensor:
+        if layer_idx == 1:
+            torch._dynamo.graph_break()
+        return hidden_states * 2 + layer_idx
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_layer_that_cannot_be_compiled_runs_eagerly_with_its_warning() -> None:
+    """The warm-up compiles what compiles; a layer whose compilation fails is computed eagerly,
+    its warning naming it, and each layer still gives its own output."""
+    records = _Records()
+    logger = logging.getLogger("vllm.afd.ffn_compile")
+    logger.addHandler(records)
+    try:
+        layers = CompiledLayers(_TwoLayers())
+        layers.warm_up([0, 1], 8, torch.float32, torch.device("cpu"), contextlib.nullcontext)
+    finally:
+        logger.removeHandler(records)
+    assert layers.eager_layers == {1}
+    failures = [m for m in records.messages if "cannot be compiled" in m]
+    assert len(failures) == 1, records.messages
+    assert failures[0].startswith("AFD ffn: layer 1 cannot be compiled, it runs eagerly"), failures
+    hidden = torch.randn(3, 8)
+    for layer in (0, 1):
+        assert torch.equal(layers.compute_ffn_output(layer, hidden), hidden * 2 + layer)
+
