@@ -53,11 +53,12 @@ logger = get_logger(__name__)
 MODEL_RUNNER_V2_MODULE = "vllm.v1.worker.gpu.model_runner"
 
 
-def build_runner(runner_class: type, worker: Any) -> Any:
-    """The AFD runner ``runner_class`` of ``worker`` (built as vLLM builds its runners), holding
+def build_runner(runner_class: type, vllm_config: Any, device: Any, afd: AFDConfig) -> Any:
+    """The AFD runner ``runner_class`` built as vLLM builds its runners (``vllm_config``,
+    ``device``: the worker's, read by the worker so that the lock records the reads), holding
     the worker's parsed AFD config as ``afd_config``."""
-    runner = runner_class(worker.vllm_config, worker.device)
-    runner.afd_config = worker.afd_config
+    runner = runner_class(vllm_config, device)
+    runner.afd_config = afd
     return runner
 
 

@@ -180,4 +180,3 @@ def test_a_layer_that_cannot_be_compiled_runs_eagerly_with_its_warning() -> None
     hidden = torch.randn(3, 8)
     for layer in (0, 1):
         assert torch.equal(layers.compute_ffn_output(layer, hidden), hidden * 2 + layer)
-

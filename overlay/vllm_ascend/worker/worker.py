@@ -45,14 +45,16 @@ RUNS_NOTHING = delta(
 
 ATTENTION_RUNNER = replace(
     "if self.use_v2_model_runner:\n    $...V2\nelse:\n    self.model_runner = NPUModelRunner(self.vllm_config, self.device)",
-    "self.model_runner = build_runner(generated_subclass('AFDAttentionNPUModelRunner', NPUModelRunner), self)",
+    "runner = generated_subclass('AFDAttentionNPUModelRunner', NPUModelRunner)\n"
+    "self.model_runner = build_runner(runner, self.vllm_config, self.device, self.afd_config)",
     id="afd-runner",
     why="the worker hard-codes its runner; the AFD one is built instead (the Attention worker "
     "refuses Model Runner V2 off CUDA with the engine config)",
 )
 FFN_RUNNER = replace(
     "if self.use_v2_model_runner:\n    $...V2\nelse:\n    self.model_runner = NPUModelRunner(self.vllm_config, self.device)",
-    "self.model_runner = build_runner(generated_subclass('AFDFFNNPUModelRunner', NPUModelRunner), self)",
+    "runner = generated_subclass('AFDFFNNPUModelRunner', NPUModelRunner)\n"
+    "self.model_runner = build_runner(runner, self.vllm_config, self.device, self.afd_config)",
     id="afd-runner",
     why="the worker hard-codes its runner; the AFD FFN one, derived from MRv1, is built whichever "
     "runner vLLM-Ascend picked (the FFN role serves steps, never batches)",

@@ -148,7 +148,8 @@ class AFDAttentionCPUWorker(CPUWorker):
         super().init_device()
         # vLLM hard-codes its runner in init_device (V1 or Model Runner V2, as it chose); use
         # the AFD runner generated for that class
-        self.model_runner = build_runner(attention_runner_class(type(self.model_runner)), self)
+        runner = attention_runner_class(type(self.model_runner))
+        self.model_runner = build_runner(runner, self.vllm_config, self.device, self.afd_config)
 
     @override
     def execute_dummy_batch(self) -> None:
@@ -196,7 +197,7 @@ class AFDFFNCPUWorker(CPUWorker):
     def init_device(self):
         super().init_device()
         runner = generated_subclass("AFDFFNCPUModelRunner", type(self.model_runner))
-        self.model_runner = build_runner(runner, self)
+        self.model_runner = build_runner(runner, self.vllm_config, self.device, self.afd_config)
 
     @override
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
