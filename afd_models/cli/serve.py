@@ -1,25 +1,25 @@
 """Start, query and stop ``vllm serve`` processes on 127.0.0.1: the demo, benchmarks and e2e tests use this.
 
-Every server runs in its own process group, so stopping it stops its EngineCore and workers too;
-every wait has a deadline; a server that dies while starting raises with the tail of its log.
+Every server is a process group of :mod:`afd_models.supervisor`, so stopping it stops its
+EngineCore and workers too; every wait has a deadline; a server that dies while starting raises
+with the tail of its log.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from afd_models import supervisor
 from afd_models.config import Role
 from afd_models.launch import ROLE_ARGS, worker_class
 
@@ -46,7 +46,7 @@ COMMON_ARGS = (
 )
 
 
-class ServerError(RuntimeError):
+class ServerError(supervisor.SupervisorError):
     """A server failed to start, answer or stop in time."""
 
 
@@ -65,28 +65,33 @@ def free_port() -> int:
 
 @dataclass
 class Server:
-    """One ``vllm serve`` process group."""
+    """One ``vllm serve`` process group, and where its API server answers."""
 
-    name: str
+    group: supervisor.Group
     port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-    started: float = field(default_factory=time.monotonic)
-    #: where its API server answers
     host: str = "127.0.0.1"
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+    @property
+    def log(self) -> Path:
+        return self.group.log
+
+    @property
+    def started(self) -> float:
+        return self.group.started
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return self.group.log_tail(lines)
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.group.alive()
 
 
 def vllm_command(python: str | None = None) -> list[str]:
@@ -154,20 +159,12 @@ def launch(
     cwd: Path | None = None,
     host: str = "127.0.0.1",
 ) -> Server:
-    """Run ``argv`` in a process group of its own, with ``env`` over this process's environment,
+    """Run ``argv`` as a process group of its own, with ``env`` over this process's environment,
     its output in ``log_dir/<name>.log``; the server answers on ``host:port``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            cwd=cwd,
-            start_new_session=True,
-        )
-    return Server(name, port, process, log, host=host)
+    group = supervisor.launch(
+        name, argv, log_dir / f"{name}.log", env={**os.environ, **env}, cwd=cwd
+    )
+    return Server(group, port, host)
 
 
 def start_ffn(
@@ -209,27 +206,29 @@ def _start_role(
 
 def wait_ready(servers: Sequence[Server], timeout_s: float = 300.0, progress: bool = False) -> None:
     """Until every server answers ``/health`` with 200; raise if one exits or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(servers)
-    while pending:
-        for server in list(pending):
-            if not server.alive():
-                raise ServerError(
-                    f"{server.name} exited with {server.process.returncode} while starting:\n{server.log_tail()}"
-                )
-            if health(server) == 200:
-                pending.remove(server)
-                if progress:
-                    print(
-                        f"[serve] {server.name} ready on :{server.port} after {time.monotonic() - server.started:.0f} s",
-                        flush=True,
-                    )
-        if pending and time.monotonic() > deadline:
-            names = ", ".join(s.name for s in pending)
-            raise ServerError(
-                f"{names} not ready within {timeout_s:.0f} s:\n{pending[0].log_tail()}"
-            )
-        time.sleep(0.5)
+    by_group = {id(server.group): server for server in servers}
+
+    def answers(group: supervisor.Group) -> bool:
+        return health(by_group[id(group)]) == 200
+
+    def ready(group: supervisor.Group) -> None:
+        server = by_group[id(group)]
+        print(
+            f"[serve] {server.name} ready on :{server.port} after "
+            f"{time.monotonic() - server.started:.0f} s",
+            flush=True,
+        )
+
+    try:
+        supervisor.wait_ready(
+            [server.group for server in servers],
+            answers,
+            timeout_s,
+            what="ready (/health)",
+            on_ready=ready if progress else None,
+        )
+    except supervisor.SupervisorError as exc:
+        raise ServerError(str(exc)) from exc
 
 
 #: what vLLM logs when a model runs compiled: it saved the compiled forward, or loaded one from its cache
@@ -347,58 +346,23 @@ def exchanges_between(before: Mapping[str, float], after: Mapping[str, float]) -
 
 def stop(server: Server, timeout_s: float = 30.0) -> int | None:
     """SIGTERM the server's process group, wait, then SIGKILL what is left; the server's exit code."""
-    if server.alive():
-        try:
-            os.killpg(server.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            server.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    kill_group(server)
-    return server.process.returncode
+    try:
+        return supervisor.stop(server.group, timeout_s)
+    except supervisor.SupervisorError as exc:
+        raise ServerError(str(exc)) from exc
 
 
-def kill_group(server: Server, timeout_s: float = 15.0) -> None:
-    """SIGKILL everything left in the server's process group and wait until it is gone."""
+def kill_group(server: Server) -> None:
+    """SIGKILL everything in the server's process group and wait until it is gone."""
     try:
-        os.killpg(server.process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout_s
-    try:
-        server.process.wait(timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise ServerError(
-            f"{server.name} (pid {server.process.pid}) did not die after SIGKILL"
-        ) from exc
-    while group_members(server):
-        if time.monotonic() > deadline:
-            raise ServerError(f"{server.name}: processes {group_members(server)} survived SIGKILL")
-        time.sleep(0.1)
+        supervisor.kill(server.group)
+    except supervisor.SupervisorError as exc:
+        raise ServerError(str(exc)) from exc
 
 
 def group_members(server: Server) -> list[int]:
-    """Live (non-zombie) processes of the server's process group (:func:`process_group_members`)."""
-    return process_group_members(server.process.pid)
-
-
-def process_group_members(group: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``group``, from /proc (Linux).
-
-    Zombies are left out: a container's init may reap orphans late, and a zombie runs nothing.
-    """
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, pgid = fields[0], int(fields[2])
-        if pgid == group and state != "Z":
-            members.append(int(stat.parent.name))
-    return members
+    """Live (non-zombie) processes of the server's process group."""
+    return supervisor.members(server.group.pgid)
 
 
 def group_alive(server: Server) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from afd_models.cli import serve
+from afd_models import supervisor
 from afd_models.commandline import CommandParser, ExitCode
 from afd_models.config import AFDConfigError
 from afd_models.deploy.commands import deployment_commands
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except AFDConfigError as exc:  # before any engine started
         print(f"python -m afd_models.deploy: {args.spec}: {exc}", file=sys.stderr)
         return ExitCode.ERROR
-    except serve.ServerError as exc:
+    except supervisor.SupervisorError as exc:  # a serve.ServerError too
         say(f"failed: {exc}")
         return ExitCode.ERROR
 

@@ -1,8 +1,9 @@
 """Starting and stopping a deployment's engines on this machine: ``deploy up`` and ``deploy down``
 (afd_models/deploy/__main__.py), and the e2e tests' launcher of whole topologies.
 
-Each engine runs in a process group of its own (:func:`afd_models.cli.serve.launch`), its log and
-its Prometheus directory in the log directory; the process groups are recorded there for ``down``.
+Each engine runs in a process group of its own (:mod:`afd_models.supervisor`, through
+:func:`afd_models.cli.serve.launch`), its log and its Prometheus directory in the log directory;
+the process groups are recorded there for ``down`` (:func:`recorded_servers`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from afd_models import supervisor
 from afd_models.cli import serve
 from afd_models.commandline import ExitCode
 from afd_models.config import Role, shared_secret
@@ -70,7 +72,7 @@ def up(deployment: Deployment, log_dir: Path, timeout_s: float, detach: bool) ->
     }
     try:
         for command in commands:
-            servers.append(_start(command, log_dir))
+            servers.append(start_engine(command, log_dir))
         _record(log_dir, servers)
         _wait_ready(servers, timeout_s, stop)
         for server, command in zip(servers, commands, strict=True):
@@ -84,7 +86,7 @@ def up(deployment: Deployment, log_dir: Path, timeout_s: float, detach: bool) ->
         while not stop.wait(1.0):
             ended = [s for s in servers if not s.alive()]
             if ended:
-                say(f"{ended[0].name} exited with {ended[0].process.returncode}: stopping the rest")
+                say(f"{ended[0].name} exited with {ended[0].group.returncode}: stopping the rest")
                 print(ended[0].log_tail(), flush=True)
                 return ExitCode.ERROR
         return ExitCode.CLEAN
@@ -106,62 +108,73 @@ def up(deployment: Deployment, log_dir: Path, timeout_s: float, detach: bool) ->
             (log_dir / STATE_FILE).unlink(missing_ok=True)
 
 
-def _start(command: Command, log_dir: Path) -> serve.Server:
+def start_engine(command: Command, log_dir: Path, name: str | None = None) -> serve.Server:
+    """Start one engine of the deployment as ``up`` does: its own process group, a fresh
+    Prometheus directory, its log in ``log_dir`` (as ``name``: the engine's by default, another
+    for an engine started again beside the first one's log)."""
     engine = command.engine
     # AFD's series per engine (vLLM's multiprocess metrics mix engines sharing a directory)
     prometheus = log_dir / "prometheus" / engine.name
     shutil.rmtree(prometheus, ignore_errors=True)
     prometheus.mkdir(parents=True)
     server = serve.launch(
-        engine.name,
+        name or engine.name,
         command.argv,
         {**command.env, "PROMETHEUS_MULTIPROC_DIR": str(prometheus)},
         engine.api_port,
         log_dir,
         host=health_host(engine.host),
     )
-    say(f"started {engine.name} (process group {server.process.pid}): {command.shell()}")
+    say(f"started {server.name} (process group {server.group.pgid}): {command.shell()}")
     return server
 
 
 def _record(log_dir: Path, servers: list[serve.Server]) -> None:
     state = {
-        s.name: {"process_group": s.process.pid, "host": s.host, "port": s.port, "log": str(s.log)}
+        s.name: {"process_group": s.group.pgid, "host": s.host, "port": s.port, "log": str(s.log)}
         for s in servers
     }
     (log_dir / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
 
 
+def recorded_servers(log_dir: Path) -> dict[str, serve.Server]:
+    """The engines ``up --detach`` recorded in ``log_dir``, by name, in the order it started them.
+
+    Raises:
+        FileNotFoundError: no record in ``log_dir``.
+        ValueError: the record is not what ``up`` writes.
+    """
+    state = json.loads((log_dir / STATE_FILE).read_text())
+    try:
+        return {
+            name: serve.Server(
+                supervisor.attach(name, int(entry["process_group"]), Path(entry["log"])),
+                int(entry["port"]),
+                str(entry["host"]),
+            )
+            for name, entry in state.items()
+        }
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{exc!r}") from exc
+
+
 def _wait_ready(servers: list[serve.Server], timeout_s: float, stop: threading.Event) -> None:
-    deadline, pending = time.monotonic() + timeout_s, list(servers)
-    next_progress = time.monotonic() + PROGRESS_EVERY_S
-    while pending:
-        if stop.is_set():
-            raise serve.ServerError("stopped while the engines started")
-        for server in list(pending):
-            if not server.alive():
-                raise serve.ServerError(
-                    f"{server.name} exited with {server.process.returncode} while starting:\n"
-                    f"{server.log_tail()}"
-                )
-            if serve.health(server) == 200:
-                pending.remove(server)
-                say(
-                    f"{server.name} ready at {server.url} after "
-                    f"{time.monotonic() - server.started:.0f} s"
-                )
-        now = time.monotonic()
-        if pending and now > deadline:
-            raise serve.ServerError(
-                f"{', '.join(s.name for s in pending)} not ready within {timeout_s:.0f} s "
-                f"(--timeout-s); the last lines of {pending[0].name}'s log:\n{pending[0].log_tail()}"
-            )
-        if pending and now >= next_progress:
-            say(
-                f"waiting for {', '.join(s.name for s in pending)} ({now - servers[0].started:.0f} s)"
-            )
-            next_progress = now + PROGRESS_EVERY_S
-        stop.wait(0.5)
+    by_group = {id(server.group): server for server in servers}
+
+    def ready(group: supervisor.Group) -> None:
+        server = by_group[id(group)]
+        say(f"{server.name} ready at {server.url} after {time.monotonic() - server.started:.0f} s")
+
+    supervisor.wait_ready(
+        [server.group for server in servers],
+        lambda group: serve.health(by_group[id(group)]) == 200,
+        timeout_s,
+        what="ready (/health; --timeout-s)",
+        on_ready=ready,
+        progress=say,
+        progress_every_s=PROGRESS_EVERY_S,
+        stop_event=stop,
+    )
 
 
 def down(log_dir: Path, timeout_s: float = 30.0) -> int:
@@ -170,38 +183,20 @@ def down(log_dir: Path, timeout_s: float = 30.0) -> int:
         say(f"nothing to stop: no {STATE_FILE} in {log_dir} (was `up --detach` run with it?)")
         return ExitCode.ERROR
     try:
-        state = json.loads(state_file.read_text())
-        groups = {name: int(entry["process_group"]) for name, entry in state.items()}
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        say(f"{state_file} is not what `up` writes ({exc!r}); stop its engines by hand")
+        servers = recorded_servers(log_dir)
+    except ValueError as exc:
+        say(f"{state_file} is not what `up` writes ({exc}); stop its engines by hand")
         return ExitCode.ERROR
     survivors = []
-    for name, group in reversed(groups.items()):
-        say(f"stopping {name} (process group {group})")
+    for server in reversed(servers.values()):
+        say(f"stopping {server.name} (process group {server.group.pgid})")
         try:
-            _stop_group(group, timeout_s)
-        except serve.ServerError as exc:
+            supervisor.stop(server.group, timeout_s)
+        except supervisor.SupervisorError as exc:
             say(f"{exc}")
-            survivors.append(name)
+            survivors.append(server.name)
     if survivors:  # the state file stays for another try
         say(f"{', '.join(survivors)} could not be stopped")
         return ExitCode.ERROR
     state_file.unlink()
     return ExitCode.CLEAN
-
-
-def _stop_group(group: int, timeout_s: float) -> None:
-    """SIGTERM process group ``group``, then SIGKILL what is left after ``timeout_s``."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 15.0)):
-        try:
-            os.killpg(group, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while serve.process_group_members(group):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        else:
-            return
-    raise serve.ServerError(f"process group {group} survived SIGKILL")

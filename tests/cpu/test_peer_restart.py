@@ -5,7 +5,7 @@ the step up and serves the next one on the FFN worker started after; the FFN ser
 restarted Attention engine instead of failing, and still stops at once while it waits. The peer
 of the side under test runs in processes of its own (vLLM's gloo set-up redirects the process's
 stdout, which two sides forming at once in one process would tangle). The engines themselves are
-restarted in ``tests/e2e_cpu/test_peer_restart.py``."""
+restarted in ``tests/e2e_cpu/restarts.py``, on the pairs and topologies the e2e tests start."""
 
 from __future__ import annotations
 

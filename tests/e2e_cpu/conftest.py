@@ -47,7 +47,7 @@ class WheelVenv:
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WheelVenv]:
     """The documented wheel commands run in a fresh clone, with a fresh venv's pip first on
     PATH; the venv sees vLLM through a ``.pth`` line naming the CPU env's packages, not this
-    checkout. test_install.py checks what it installed, test_serve_pair.py serves from it."""
+    checkout. test_serve_pair.py checks what it installed and serves from it."""
     root = tmp_path_factory.mktemp("wheel")
     env_dir = root / "venv"
     venv.create(env_dir, with_pip=True)

@@ -19,10 +19,12 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from afd_models import supervisor
 from afd_models.cli import serve
 from tests import probes
 
@@ -75,17 +77,11 @@ def run_block(
 
 
 def start_block(name: str, script: str, port: int, logs: Path) -> serve.Server:
-    log = logs / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            ["bash", "-c", script],
-            cwd=ROOT,
-            env=user_shell_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return serve.Server(name, port, process, log)
+    """A documented block started in its own shell and process group, as in its own terminal."""
+    group = supervisor.launch(
+        name, ["bash", "-c", script], logs / f"{name}.log", env=user_shell_env(), cwd=ROOT
+    )
+    return serve.Server(group, port)
 
 
 def documented_port(script: str) -> int:
@@ -133,7 +129,17 @@ def test_documented_launch_serves_a_completion_in_compiled_mode(
         try:
             serve.wait_ready(servers, timeout_s=600)
             _assert_completion(run_block(blocks["request"], timeout_s=120))
-            assert serve.ran_compiled(servers[1]), servers[1].log_tail()
+            ffn, attention = servers
+            assert serve.ran_compiled(attention), attention.log_tail()
+            # without a restart window, a dead FFN engine fails the next request clearly, within
+            # the connector's timeout (60 s by default)
+            serve.kill_group(ffn)
+            started = time.monotonic()
+            request = {"model": str(MODEL_DIR), "prompt": "x", "max_tokens": 4}
+            status, body = serve.post(attention, "/v1/completions", request, 120)
+            assert status != 200, body
+            assert time.monotonic() - started < 60 + 30
+            assert "AFD gloo connector" in attention.log.read_text(errors="replace")
         finally:
             for server in servers:
                 serve.stop(server)
@@ -166,9 +172,10 @@ def _deployment_guides_pair_serves(request: str, logs: Path) -> None:
             engines = json.loads((log_dir / "deployment.json").read_text())
             assert list(engines) == ["ffn0", "attention0"], engines
         finally:
-            os.killpg(up.process.pid, signal.SIGINT)
+            supervisor.send(up.group, signal.SIGINT)  # Ctrl-C in its terminal
             try:
-                code = up.process.wait(120)  # two engines' stops, 45 s at most each
+                assert up.group.process is not None
+                code = up.group.process.wait(120)  # two engines' stops, 45 s at most each
             finally:
                 serve.stop(up)
         output = up.log.read_text(errors="replace")
@@ -176,7 +183,7 @@ def _deployment_guides_pair_serves(request: str, logs: Path) -> None:
         assert "send requests to http://127.0.0.1:8000/v1/ (attention0)" in output, output[-3000:]
         assert output.index("stopping attention0") < output.index("stopping ffn0"), output[-3000:]
         groups = [entry["process_group"] for entry in engines.values()]
-        assert not any(serve.process_group_members(group) for group in groups)
+        assert not any(supervisor.members(group) for group in groups)
         assert not (log_dir / "deployment.json").exists()
     finally:
         if log_dir.exists():  # its logs go with the test's: a failed run must not block the next

@@ -1,19 +1,26 @@
-"""AFD end to end: FFN and Attention ``vllm serve`` processes on 127.0.0.1 against a plain vLLM baseline.
+"""AFD end to end on the compiled DeepSeek pairs: FFN and Attention ``vllm serve`` processes on
+127.0.0.1 against one plain vLLM baseline, all in vLLM's default compiled mode.
 
-Both pairs run in vLLM's default compiled mode, against one baseline compiled the same way.
+The baseline serves from a checkout whose overlay changed after its code was generated (a ``git
+pull`` that touched one): a plain ``vllm serve`` must be untouched by that, while an AFD worker
+of that checkout fails at start naming the command that fixes it.
 
-* **From the checkout** (the primary release), the gate on the FFN, the FFN started first:
-  greedy completions of 4 concurrent requests equal the baseline's, token for token; both roles'
-  ``/metrics`` show the AFD series of the exchanges; ``vllm bench serve`` completes its requests
-  (as the demo runs it); the FFN engine refuses requests; once the group formed nothing listens
-  on its rendezvous port, and neither role listens on more reachable addresses than plain vLLM
-  (its own torch.distributed store); killing the
-  FFN makes Attention requests fail with a clear error within the connector timeout; both roles
-  stop and release their ports.
-* **From the installed wheel** (every release; tests/e2e_cpu/test_install.py checks the wheel
-  itself), the gate on Attention, Attention started first: each prompt's completion, sent one at
-  a time, equals the baseline's; concurrent requests then share steps through the connector;
-  SIGTERM stops both roles with exit code 0, leaving no process or port behind.
+* **From the checkout** (the primary release), the gate on the FFN, the FFN started first, the
+  restart window on (``peer_restart_timeout_s``, the AFD scheduler): greedy completions of 4
+  concurrent requests equal the baseline's, token for token; both roles' ``/metrics`` show the
+  AFD series of the exchanges; ``vllm bench serve`` completes its requests (as the demo runs it);
+  the FFN engine refuses requests; once the group formed nothing listens on its rendezvous port,
+  and neither role listens on more reachable addresses than plain vLLM (its own
+  torch.distributed store). Then, on the same pair, the FFN engine killed under load and
+  replaced, and the Attention engine killed under load and replaced (tests/e2e_cpu/restarts.py):
+  no request lost, every completion the baseline's; last, the FFN engine kept away past the
+  Attention engine's window: the request in flight fails (HTTP 500, an error finish) within it,
+  the engine stays up and serves again on a new FFN engine. Both roles stop and release their
+  ports.
+* **From the installed wheel** (every release): the wheel carries code generated for the
+  installed vLLM; the gate on Attention, Attention started first: each prompt's completion, sent
+  one at a time, equals the baseline's; concurrent requests then share steps through the
+  connector; SIGTERM stops both roles with exit code 0, leaving no process or port behind.
 
 Token equality is checked with one sequence per engine step on both sides (``--max-num-seqs 1``,
 or requests sent one after another), so each sequence is decoded in the same batch shape: vLLM's
@@ -24,16 +31,24 @@ when concurrent requests land in different batches (measured, see docs/testing.m
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from afd_models.cli import bench_serve, serve
+from afd_models.freshness import installed_vllm
 from tests import probes
+from tests.checkout import REPO, tracked_copy
+from tests.e2e_cpu import restarts
 from tests.e2e_cpu.conftest import WheelVenv
+from tests.engine import run_python
 
 PROMPTS = [
     "Hello world, the license",
@@ -45,16 +60,37 @@ MAX_TOKENS = 24
 TIMEOUT_S = 10
 #: engine start-up, including the Attention engine's compilation on 2 shared cores
 START_TIMEOUT_S = 600
-
-
+#: the restarted Attention engine's peer_restart_timeout_s: the FFN engine stays away longer
+LOST_AFTER_S = 20
 #: one sequence per engine step: the same batch shapes on the baseline and the AFD pair
 ONE_SEQUENCE = ("--max-num-seqs", "1")
+#: the overlay the stale checkout edits after generation
+STALE_OVERLAY = "overlay/vllm/model_executor/models/deepseek_v2.py"
+#: what vLLM logs when a general plugin raises while it loads
+PLUGIN_FAILED = "Failed to load plugin"
 
 
 @pytest.fixture(scope="module")
-def baseline(model: Path, logs: Path) -> Iterator[serve.Server]:
+def stale_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkout with its generated code, then an overlay edited (a `git pull` that touched one)."""
+    root = tracked_copy(tmp_path_factory.mktemp("stale") / "checkout")
+    shutil.copytree(REPO / "afd_models" / "_generated", root / "afd_models" / "_generated")
+    with (root / STALE_OVERLAY).open("a") as overlay:
+        overlay.write("\n# edited after generation\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def baseline(model: Path, logs: Path, stale_checkout: Path) -> Iterator[serve.Server]:
+    """Plain vLLM, compiled, one sequence per step, loading its plugins from the stale checkout."""
     server = serve.start(
-        "baseline", model, serve.free_port(), logs, cpu=serve.cpu(0), extra=ONE_SEQUENCE
+        "baseline",
+        model,
+        serve.free_port(),
+        logs,
+        cpu=serve.cpu(0),
+        extra=ONE_SEQUENCE,
+        env={"PYTHONPATH": str(stale_checkout)},
     )
     try:
         serve.wait_ready([server], START_TIMEOUT_S)
@@ -64,52 +100,112 @@ def baseline(model: Path, logs: Path) -> Iterator[serve.Server]:
         serve.stop(server)
 
 
+@pytest.fixture(scope="module")
+def expected(baseline: serve.Server) -> dict[str, list[int]]:
+    """The baseline's greedy tokens of each prompt, its requests sent at once."""
+    tokens = dict(zip(PROMPTS, _concurrently(baseline), strict=True))
+    assert all(len(t) == MAX_TOKENS for t in tokens.values())
+    return tokens
+
+
 def _concurrently(server: serve.Server) -> list[list[int]]:
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         return list(pool.map(lambda p: serve.complete(server, p, MAX_TOKENS), PROMPTS))
 
 
-def test_pair_matches_baseline_and_fails_cleanly(
+def test_a_stale_checkout_leaves_plain_vllm_alone_and_stops_afd_workers(
+    stale_checkout: Path, baseline: serve.Server, model: Path, logs: Path
+) -> None:
+    """With an overlay edited after generation, loading vLLM's plugins logs nothing from this
+    project and still registers the AFD names; the plain baseline serves from it without a
+    word; an AFD worker fails at start with the command that fixes it."""
+    env = {"PYTHONPATH": str(stale_checkout)}
+    probe = run_python(
+        """
+        import json, afd_models
+        from vllm import ModelRegistry
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        afd = sorted(a for a in ModelRegistry.get_supported_archs() if a.startswith("AFD"))
+        print(json.dumps([afd_models.__file__, afd]))
+        """,
+        {**os.environ, **env},
+        cwd=stale_checkout,
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    module, registered = json.loads(probe.stdout.splitlines()[-1])
+    assert Path(module).is_relative_to(stale_checkout), module
+    assert "AFDDeepseekV2ForCausalLM" in registered, registered
+    assert PLUGIN_FAILED not in probe.stderr and "Traceback" not in probe.stderr, probe.stderr
+    # read while it serves: vLLM's own shutdown may log a traceback of its engine client
+    assert len(serve.complete(baseline, PROMPTS[0], 4)) == 4
+    log = baseline.log.read_text(errors="replace")
+    assert PLUGIN_FAILED not in log and "Traceback" not in log, log[-3000:]
+
+    afd = {"port": serve.free_port(), "connector_extra_config": {"connect_timeout_s": 30}}
+    attention = serve.start_attention(
+        "attention-stale", model, serve.free_port(), logs, afd, env=env, eager=True
+    )
+    try:
+        with pytest.raises(serve.ServerError, match="exited with"):
+            serve.wait_ready([attention], START_TIMEOUT_S)
+    finally:
+        serve.stop(attention)
+    log = attention.log.read_text(errors="replace")
+    assert f"{STALE_OVERLAY} changed since the code was generated" in log, attention.log_tail()
+    assert "nox -s regenerate" in log, attention.log_tail()
+    assert not serve.group_alive(attention)
+
+
+def test_pair_matches_baseline_survives_restarts_and_fails_cleanly(
     model: Path,
     logs: Path,
+    expected: dict[str, list[int]],
     baseline: serve.Server,
     tmp_path: Path,
 ) -> None:
-    """The gate on the FFN, the FFN started first: tokens equal the baseline; both roles'
-    ``/metrics`` show the AFD series of the exchanges; a dead FFN gives a clear, bounded failure."""
-    afd = {
+    """The gate on the FFN, the FFN started first: tokens equal the baseline's; both roles'
+    ``/metrics`` show the AFD series of the exchanges; either role restarts under load without
+    a lost request; an FFN engine away past the window fails the step in flight, and only it."""
+    afd: dict[str, Any] = {
         "port": serve.free_port(),
-        "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 240},
+        "peer_restart_timeout_s": restarts.RESTART_S,
+        "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 300},
     }
-    # each server's own fresh directory: vLLM's /metrics then serves its workers' series too
-    prometheus = {role: tmp_path / f"prometheus-{role}" for role in ("ffn", "attention")}
-    for directory in prometheus.values():
+    on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
+    on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
+    ffn_port, attention_port = serve.free_port(), serve.free_port()
+
+    def prometheus(name: str) -> dict[str, str]:
+        # each server's own fresh directory: vLLM's /metrics then serves its workers' series too
+        directory = tmp_path / f"prometheus-{name}"
         directory.mkdir()
-    ffn = serve.start_ffn(
-        "ffn-checkout",
-        model,
-        serve.free_port(),
-        logs,
-        afd,
-        cpu=serve.cpu(1),
-        env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["ffn"])},
-    )
+        return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
+
+    def start_ffn(name: str) -> serve.Server:
+        return serve.start_ffn(
+            name, model, ffn_port, logs, afd, cpu=serve.cpu(1), env=prometheus(name)
+        )
+
+    def start_attention(name: str, restart_s: float = restarts.RESTART_S) -> serve.Server:
+        return serve.start_attention(
+            name,
+            model,
+            attention_port,
+            logs,
+            {**afd, "peer_restart_timeout_s": restart_s},
+            cpu=serve.cpu(0),
+            extra=(*ONE_SEQUENCE, *restarts.ATTENTION_ARGS),
+            env=prometheus(name),
+        )
+
+    servers = [start_ffn("ffn-checkout")]
     time.sleep(5)  # the second role really starts later
-    attention = serve.start_attention(
-        "attention-checkout",
-        model,
-        serve.free_port(),
-        logs,
-        afd,
-        cpu=serve.cpu(0),
-        extra=ONE_SEQUENCE,
-        env={"PROMETHEUS_MULTIPROC_DIR": str(prometheus["attention"])},
-    )
+    servers.append(start_attention("attention-checkout"))
+    ffn, attention = servers
     try:
-        serve.wait_ready([ffn, attention], START_TIMEOUT_S)
-        expected = _concurrently(baseline)
-        assert _concurrently(attention) == expected
-        assert all(len(tokens) == MAX_TOKENS for tokens in expected)
+        serve.wait_ready(servers, START_TIMEOUT_S)
+        assert _concurrently(attention) == list(expected.values())
         assert serve.ran_compiled(attention), attention.log_tail()
         _check_metrics(attention, ffn, tokens=len(PROMPTS) * MAX_TOKENS)
         # vLLM's own client, as the demo and benchmarks/serving.py drive it
@@ -118,36 +214,103 @@ def test_pair_matches_baseline_and_fails_cleanly(
             bench_serve.Deployment("AFD pair", attention, cores, plain=False), model, 2, 4
         )
         assert run.output_tokens_per_s > 0 and run.tpot_median_ms > 0, run
-
         status, _ = serve.post(
             ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
         )
         assert status == 404  # the FFN engine registers no generation routes
         _check_listening(ffn, attention, baseline, afd["port"])
 
+        # --- either role dies under load and a new engine takes its place
+        ffn = restarts.restart_ffn_under_load(
+            attention,
+            ffn,
+            lambda: _started(servers, start_ffn("ffn-restarted")),
+            expected,
+            max_tokens=MAX_TOKENS,
+            lanes=[on_attention],
+        )
+        # (the new one gives up on a step sooner, for the last part)
+        attention = restarts.restart_attention_under_load(
+            ffn,
+            attention,
+            lambda: _started(servers, start_attention("attention-restarted", LOST_AFTER_S)),
+            expected,
+            max_tokens=MAX_TOKENS,
+            ffn_lanes=[on_ffn],
+            tp=1,
+        )
+        assert serve.ran_compiled(attention), attention.log_tail()
+
+        # --- the FFN engine stays away past the window: the request fails, the engine stays
+        # up, and serves again once an FFN engine is back
         serve.kill_group(ffn)
         started = time.monotonic()
-        status, body = serve.post(
-            attention, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 4}, 120
+        with pytest.raises(serve.ServerError, match="completion answered 500"):
+            serve.complete(attention, PROMPTS[0], MAX_TOKENS, restarts.REQUEST_TIMEOUT_S)
+        assert LOST_AFTER_S <= time.monotonic() - started < LOST_AFTER_S + TIMEOUT_S + 30
+        restarts.wait_for_lines(
+            attention, "failing the step's 1 requests (the engine stays up", 1, 30
         )
-        assert status != 200, body
-        assert time.monotonic() - started < TIMEOUT_S + 30
-        assert "AFD gloo connector" in attention.log.read_text(errors="replace")
+        assert serve.health(attention) == 200 and attention.alive()
+        errors = {"finished_reason": "error"}
+        assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
+        ffn = _started(servers, start_ffn("ffn-back"))
+        # with no request in flight: its API server comes up once the Attention engine connected
+        serve.wait_ready([ffn], START_TIMEOUT_S)
+        restarts.wait_for_lines(
+            attention, "an FFN engine connected; the next step runs on it", 1, 30
+        )
+        assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
+        assert probes.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
+        assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
     finally:
-        codes = {s.name: serve.stop(s) for s in (attention, ffn)}
-    assert not serve.group_alive(attention) and not serve.group_alive(ffn)
-    assert probes.port_is_free(afd["port"]) and probes.port_is_free(attention.port)
-    assert codes[attention.name] is not None
+        codes = {s.name: serve.stop(s) for s in reversed(servers)}
+    assert not any(serve.group_alive(s) for s in servers)
+    for port in (afd["port"], ffn_port, attention_port):
+        assert probes.port_is_free(port), port
+    assert codes[attention.name] is not None and codes[ffn.name] is not None
+
+
+def _started(servers: list[serve.Server], server: serve.Server) -> serve.Server:
+    """``server``, kept for the stop at the end."""
+    servers.append(server)
+    return server
+
+
+@pytest.mark.every_release
+def test_wheel_carries_code_generated_for_the_installed_vllm(wheel_venv: WheelVenv) -> None:
+    """On every supported release (one other than the primary named with ``-C vllm=``), the
+    venv's AFD workers import from the wheel, pass their freshness check against the lock the
+    wheel carries, and were generated for the installed vLLM; the build left the clone alone."""
+    where = run_python(
+        """
+        import afd_models.workers, afd_models._generated as generated
+        print(afd_models.workers.__file__, generated.UPSTREAM["vllm"], generated.LOCK)
+        """,
+        dict(os.environ),
+        python=wheel_venv.python,
+        cwd=wheel_venv.root,
+    )
+    assert where.returncode == 0, where.stderr[-3000:]
+    module, generated_for, lock = where.stdout.splitlines()[-1].split()
+    assert Path(module).is_relative_to(wheel_venv.root), module  # not this checkout's
+    assert generated_for == installed_vllm()
+    assert (Path(module).parent / "_generated" / Path(lock).name).is_file()
+    assert not (wheel_venv.clone / "afd_models" / "_generated").exists()
 
 
 @pytest.mark.every_release
 def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
-    wheel_venv: WheelVenv, model: Path, logs: Path, baseline: serve.Server, tmp_path: Path
+    wheel_venv: WheelVenv,
+    model: Path,
+    logs: Path,
+    expected: dict[str, list[int]],
+    tmp_path: Path,
 ) -> None:
     """The gate on Attention, Attention started first, both roles running the installed wheel's
     code: completions sent one at a time equal the baseline's; concurrent requests share steps
     through the connector; SIGTERM stops both roles with exit code 0. (Stopping the Attention
-    role first also ends the FFN engine, which then reports its peer gone: the test above.)"""
+    role first also ends the FFN engine, which then reports its peer gone.)"""
     afd = {
         "port": serve.free_port(),
         "compute_gate_on_attention": True,
@@ -170,9 +333,7 @@ def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
     )
     try:
         serve.wait_ready([ffn, attention], START_TIMEOUT_S)
-        expected = [serve.complete(baseline, p, MAX_TOKENS) for p in PROMPTS]
-        assert [serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS] == expected
-        assert all(len(tokens) == MAX_TOKENS for tokens in expected)
+        assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
         assert serve.ran_compiled(attention), attention.log_tail()
         before = serve.connector_stats(attention)["steps"]
         assert [len(tokens) for tokens in _concurrently(attention)] == [MAX_TOKENS] * len(PROMPTS)

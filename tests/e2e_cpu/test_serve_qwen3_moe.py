@@ -5,8 +5,7 @@ the exchange op inside; the FFN worker runs its layers eagerly, as always), the 
 Qwen3 gate in its experts' proxy, the FFN role's experts take an external router; the other
 placement is covered, bitwise per layer, by tests/cpu/test_qwen3_moe.py). Greedy completions of
 concurrent requests equal the baseline's token for token, with one sequence per step on both sides
-as in test_serve_pair.py, whose helpers this reuses. One pair start and one baseline start keep its
-cost to about one test of test_serve_pair.py.
+as in test_serve_pair.py, whose helpers this reuses. The baseline and the pair start at once.
 """
 
 from __future__ import annotations
@@ -43,27 +42,21 @@ def qwen3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_qwen3_moe_pair_matches_baseline(qwen3_model: Path, logs: Path) -> None:
-    baseline = serve.start(
-        "baseline-qwen3",
-        qwen3_model,
-        serve.free_port(),
-        logs,
-        cpu=serve.cpu(0),
-        extra=ONE_SEQUENCE,
-    )
-    try:
-        serve.wait_ready([baseline], START_TIMEOUT_S)
-        assert serve.ran_compiled(baseline), baseline.log_tail()
-        expected = _concurrently(baseline)
-    finally:
-        serve.stop(baseline)
-    assert all(len(tokens) == MAX_TOKENS for tokens in expected)
-
+    """The baseline and the pair start at once (their start-ups are mostly one core's work
+    each); the baseline's tokens first, then the pair's, each one sequence per step."""
     afd = {
         "port": serve.free_port(),
         "compute_gate_on_attention": True,
         "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 240},
     }
+    baseline = serve.start(
+        "baseline-qwen3",
+        qwen3_model,
+        serve.free_port(),
+        logs,
+        cpu=serve.cpu(1),
+        extra=ONE_SEQUENCE,
+    )
     ffn = serve.start_ffn("ffn-qwen3", qwen3_model, serve.free_port(), logs, afd, cpu=serve.cpu(1))
     attention = serve.start_attention(
         "attention-qwen3",
@@ -75,7 +68,13 @@ def test_qwen3_moe_pair_matches_baseline(qwen3_model: Path, logs: Path) -> None:
         env={"VLLM_SERVER_DEV_MODE": "1"},  # /collective_rpc, to read the connector's steps
         extra=ONE_SEQUENCE,
     )
+    servers = [baseline, ffn, attention]
     try:
+        serve.wait_ready([baseline], START_TIMEOUT_S)
+        assert serve.ran_compiled(baseline), baseline.log_tail()
+        expected = _concurrently(baseline)
+        assert all(len(tokens) == MAX_TOKENS for tokens in expected)
+        serve.stop(baseline)
         serve.wait_ready([ffn, attention], START_TIMEOUT_S)
         before = serve.connector_stats(attention)["steps"]
         assert _concurrently(attention) == expected
@@ -84,6 +83,6 @@ def test_qwen3_moe_pair_matches_baseline(qwen3_model: Path, logs: Path) -> None:
         assert steps >= len(expected) * MAX_TOKENS, steps
         assert serve.ran_compiled(attention), attention.log_tail()
     finally:
-        codes = {s.name: serve.stop(s) for s in (attention, ffn)}
-    assert not serve.group_alive(attention) and not serve.group_alive(ffn)
+        codes = {s.name: serve.stop(s) for s in reversed(servers)}
+    assert not any(serve.group_alive(s) for s in servers)
     assert codes[attention.name] is not None

@@ -1,9 +1,8 @@
 """Topologies beyond 1A1F end to end: 2A2F, 3A2F and 1A1F with TP 2, as separate ``vllm serve``
-processes, on the primary release. (2A1F is 3A2F's first FFN rank with its two peers: it adds no
-case of its own.)
+processes, on the primary release.
 
 Each topology is started as an operator starts one (docs/deployment.md): the test writes its
-deployment spec and runs ``python -m afd_models.deploy up`` on it, 3A2F in the foreground (then
+deployment spec and runs ``python -m afd_models.deploy up`` on it, 2A2F in the foreground (then
 SIGINT, as Ctrl-C) and the others with ``--detach`` (then ``deploy down``); every engine's process
 group is gone after.
 
@@ -23,14 +22,22 @@ topology:
 * the memory of every engine is measured (peak RSS and PSS); the deployment's peak RSS, summed
   over its processes (an upper bound: they share library pages), fits this machine.
 
+The topologies whose Attention engines may restart (``peer_restart_timeout_s``: each engine's
+DP ranks share one FFN rank) then restart on the deployment already started
+(tests/e2e_cpu/restarts.py): 3A2F's first FFN rank, which serves an Attention engine of DP 2 (one
+rank busy with the load, the other stepping dummy batches: 2A1F), and 1A1F-TP2 (each TP lane its
+own connection). The FFN engine dies under load and a new one takes its place with no request
+lost, every worker running the held step again; then the Attention engine dies under load and
+every FFN lane waits for, and serves, a new one; each side counts its reconnect per lane.
+
 Like the pair tests, sequences are decoded one per rank (``--max-num-seqs 1``) on both sides, so
 each is computed in the same batch shape as on the baseline; the tiny model's large logit margins
 keep greedy tokens stable when an FFN rank computes two peers' rows in one batch. Engines run
 eagerly: compiled mode is covered by test_serve_pair.py, and these tests are about ranks. The
 baseline runs eagerly too: the compiled baseline of the pair tests cannot stand in for it (tried
 2026-12-03, to save an engine start per release: 2A2F's and 3A2F's eager tokens differed from
-it after a few tokens). The pair tests and `verify` run on every release; these, about two
-minutes each, on the primary only (the CI budget, docs/environment.md).
+it after a few tokens). The pair tests and `verify` run on every release; these on the primary
+only (the CI budget, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -40,16 +47,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
+from afd_models import supervisor
 from afd_models.cli import serve
+from afd_models.deploy.commands import Command, deployment_commands
+from afd_models.deploy.run import recorded_servers, start_engine
+from afd_models.deploy.spec import load_spec
 from tests import probes
+from tests.e2e_cpu import restarts
 
 PROMPTS = [
     "Hello world, the license",
@@ -81,6 +93,10 @@ class Topology:
     tp: int = 1
     #: ``ffn_hosts``: FFN rank k's rendezvous address, as on separate nodes (empty: ``host``)
     ffn_hosts: tuple[str, ...] = ()
+    #: ``deploy up`` in the foreground, stopped by SIGINT (else ``--detach`` and ``down``)
+    foreground: bool = False
+    #: with ``peer_restart_timeout_s``: FFN rank 0 and the first Attention engine restart
+    restart: bool = False
 
     @property
     def num_attention_ranks(self) -> int:
@@ -92,16 +108,19 @@ class Topology:
 
 
 TOPOLOGIES = [
-    # one engine's DP ranks served by two FFN engines
-    Topology("2A2F", attention_engines=(2,), peers=((0,), (1,))),
-    # each FFN rank on its own loopback address, as FFN ranks on two nodes
+    # one engine's DP ranks served by two FFN engines (which cannot restart: the engine's ranks
+    # decide a lost step together, afd_models/step_vote.py)
+    Topology("2A2F", attention_engines=(2,), peers=((0,), (1,)), foreground=True),
+    # each FFN rank on its own loopback address, as FFN ranks on two nodes; FFN rank 0 serves
+    # the first engine's two DP ranks (2A1F)
     Topology(
         "3A2F",
         attention_engines=(2, 1),
         peers=((0, 1), (2,)),
         ffn_hosts=("127.0.0.2", "127.0.0.3"),
+        restart=True,
     ),
-    Topology("1A1F-TP2", attention_engines=(1,), peers=((0,),), tp=2),
+    Topology("1A1F-TP2", attention_engines=(1,), peers=((0,),), tp=2, restart=True),
 ]
 
 
@@ -185,29 +204,29 @@ def _cpus(first: int, workers: int) -> str:
 @dataclass
 class Launched:
     """A topology started by ``python -m afd_models.deploy up`` from its spec: the command's
-    process, and a handle on each engine it started (from the state file it records)."""
+    process group, and a handle on each engine it started (from the state file it records)."""
 
     spec: Path
     log_dir: Path
-    #: ``up`` itself when it runs in the foreground (3A2F), None after ``up --detach``
-    up: subprocess.Popen[bytes] | None
+    #: ``up`` itself when it runs in the foreground, None after ``up --detach``
+    up: supervisor.Group | None
     ffns: list[serve.Server]
     attentions: list[serve.Server]
+    #: every engine's command, as ``up`` ran it
+    commands: list[Command]
+    #: engines the test started again in place of killed ones (``down`` knows only the first)
+    restarted: list[serve.Server] = field(default_factory=list)
 
+    def relaunch(self, engine: str) -> Callable[[], serve.Server]:
+        """What starts ``engine`` again, as ``up`` started it, its log beside the first one's."""
+        command = next(c for c in self.commands if c.engine.name == engine)
 
-class _GroupLeader:
-    """What :class:`serve.Server` asks of its process, for an engine ``deploy up`` started: its
-    process group (the leader's pid), alive while any member is."""
+        def start() -> serve.Server:
+            server = start_engine(command, self.log_dir, f"{engine}-restarted")
+            self.restarted.append(server)
+            return server
 
-    def __init__(self, pid: int):
-        self.pid = pid
-
-    def poll(self) -> int | None:
-        return None if serve.process_group_members(self.pid) else 0
-
-    @property
-    def returncode(self) -> int | None:  # what serve's messages name
-        return self.poll()
+        return start
 
 
 def _consecutive_free_ports(count: int) -> int:
@@ -233,6 +252,10 @@ def _spec(topology: Topology, model: Path) -> str:
         "port": serve.free_port(),
         "connector_extra_config": {"timeout_s": 30, "connect_timeout_s": 300},
     }
+    attention_args = [*engine_args, *KV_CACHE_ARGS]
+    if topology.restart:
+        afd["peer_restart_timeout_s"] = restarts.RESTART_S
+        attention_args += restarts.ATTENTION_ARGS
     if topology.ffn_hosts:
         afd["ffn_hosts"] = list(topology.ffn_hosts)
     return "\n".join(
@@ -246,7 +269,7 @@ def _spec(topology: Topology, model: Path) -> str:
             f"engines = {list(topology.attention_engines)}",
             f"api_port = {_consecutive_free_ports(len(topology.attention_engines))}",
             f"cpus = {json.dumps(attention_cpus)}",
-            f"args = {json.dumps([*engine_args, *KV_CACHE_ARGS])}",
+            f"args = {json.dumps(attention_args)}",
             f"env = {_toml(serve.SERVER_ENV)}",
             "[ffn]",
             f"ranks = {topology.num_ffn_ranks}",
@@ -272,67 +295,50 @@ def _deploy(*args: str | Path) -> list[str]:
 
 def _launch(topology: Topology, model: Path, logs: Path) -> Launched:
     """Write ``topology``'s spec and start it as an operator would: ``deploy up`` in the
-    foreground for 3A2F (stopped by SIGINT, as Ctrl-C), ``deploy up --detach`` for the others
-    (stopped by ``deploy down``)."""
+    foreground (stopped by SIGINT, as Ctrl-C) or ``deploy up --detach`` (stopped by ``deploy
+    down``)."""
     spec = logs / f"{topology.name}.toml"
     spec.write_text(_spec(topology, model))
     log_dir = logs / topology.name
     output = logs / f"{topology.name}-deploy.log"
-    if topology.name == "3A2F":
-        with output.open("wb") as out:
-            up = subprocess.Popen(
-                _deploy("up", spec, "--log-dir", log_dir, "--timeout-s", UP_TIMEOUT_S),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+    up_args = ("up", spec, "--log-dir", log_dir, "--timeout-s", UP_TIMEOUT_S)
+    up: supervisor.Group | None = None
+    if topology.foreground:
+        up = supervisor.launch(f"deploy up {topology.name}", _deploy(*up_args), output)
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
-            while "serving; Ctrl-C stops every engine" not in output.read_text(errors="replace"):
-                assert up.poll() is None, output.read_text(errors="replace")
-                assert time.monotonic() < deadline, output.read_text(errors="replace")
+            while "serving; Ctrl-C stops every engine" not in up.log_tail(400):
+                assert up.alive(), up.log_tail(400)
+                assert time.monotonic() < deadline, up.log_tail(400)
                 time.sleep(1)
         except BaseException:
-            up.send_signal(signal.SIGINT)  # it stops the engines it started
-            up.wait(120)
+            supervisor.stop(up, 120, signal.SIGINT)  # it stops the engines it started
             raise
-        launched_by: subprocess.Popen[bytes] | None = up
     else:
-        launched_by = None
         # up's own deadline first: it then stops what it started before this one kills it
         done = subprocess.run(
-            _deploy("up", spec, "--log-dir", log_dir, "--detach", "--timeout-s", UP_TIMEOUT_S),
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT_S,
+            _deploy(*up_args, "--detach"), capture_output=True, text=True, timeout=START_TIMEOUT_S
         )
         output.write_text(done.stdout + done.stderr)
         assert done.returncode == 0, output.read_text()
-    state = json.loads((log_dir / "deployment.json").read_text())
-    servers = {
-        name: serve.Server(
-            name,
-            entry["port"],
-            cast(subprocess.Popen[bytes], _GroupLeader(entry["process_group"])),
-            Path(entry["log"]),
-            host=entry["host"],
-        )
-        for name, entry in state.items()
-    }
+    servers = recorded_servers(log_dir)
     return Launched(
         spec,
         log_dir,
-        launched_by,
+        up,
         [servers[f"ffn{k}"] for k in range(topology.num_ffn_ranks)],
         [servers[f"attention{i}"] for i in range(len(topology.attention_engines))],
+        deployment_commands(load_spec(spec), serve.vllm_command()),
     )
 
 
 def _stop(launched: Launched) -> None:
-    """Stop the deployment the way it was started; every engine's process group is gone after."""
+    """Stop the deployment the way it was started, the engines started again first; every
+    engine's process group is gone after."""
+    for server in launched.restarted:
+        serve.stop(server)
     if launched.up is not None:
-        launched.up.send_signal(signal.SIGINT)
-        assert launched.up.wait(120) == 0
+        assert supervisor.stop(launched.up, 120, signal.SIGINT) == 0, launched.up.log_tail()
     else:
         done = subprocess.run(
             _deploy("down", launched.spec, "--log-dir", launched.log_dir),
@@ -341,6 +347,39 @@ def _stop(launched: Launched) -> None:
             timeout=120,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _restart_both_roles(topology: Topology, launched: Launched, baseline: Baseline) -> None:
+    """FFN rank 0 killed under the first Attention engine's load and started again, then that
+    Attention engine killed under load and started again (tests/e2e_cpu/restarts.py)."""
+    dp, tp = topology.attention_engines[0], topology.tp
+    expected = dict(zip(PROMPTS, baseline.tokens, strict=True))
+    attention, ffn = launched.attentions[0], launched.ffns[0]
+    ffn = restarts.restart_ffn_under_load(
+        attention,
+        ffn,
+        launched.relaunch("ffn0"),
+        expected,
+        max_tokens=MAX_TOKENS,
+        lanes=[
+            {"role": "attention", "rank": str(rank), "lane": str(lane), "peer": "ffn0"}
+            for rank in range(dp)
+            for lane in range(tp)
+        ],
+    )
+    restarts.restart_attention_under_load(
+        ffn,
+        attention,
+        launched.relaunch("attention0"),
+        expected,
+        max_tokens=MAX_TOKENS,
+        ffn_lanes=[
+            {"role": "ffn", "rank": "0", "lane": str(lane), "peer": f"attention{rank}"}
+            for lane in range(tp)
+            for rank in range(dp)
+        ],
+        tp=tp,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -445,9 +484,11 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
             )
             deployment += rss
         assert 0 < deployment < MACHINE_BYTES, deployment
+        if topology.restart:
+            _restart_both_roles(topology, launched, baseline)
     finally:
         _stop(launched)
-    assert not any(serve.group_alive(s) for s in servers)
+    assert not any(serve.group_alive(s) for s in [*servers, *launched.restarted])
 
 
 def _untimed(step: dict[str, Any]) -> dict[str, Any]:

@@ -4,13 +4,13 @@ client runs against a real AFD pair in tests/e2e_cpu/test_serve_pair.py."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from afd_models import supervisor
 from afd_models.cli import serve
 from afd_models.cli.bench_serve import (
     BenchError,
@@ -24,9 +24,9 @@ from afd_models.cli.bench_serve import (
 
 
 def _server(tmp_path: Path) -> serve.Server:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return serve.Server("fake", 1, process, tmp_path / "log")
+    group = supervisor.launch("fake", [sys.executable, "-c", "pass"], tmp_path / "log")
+    assert group.process is not None and group.process.wait(60) == 0
+    return serve.Server(group, 1)
 
 
 def _run(name: str, concurrency: int, tokens_per_s: float, cores: int = 2) -> Serving:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from afd_models.cli.serve import process_group_members
+from afd_models import supervisor
 from afd_models.config import Role
 from afd_models.deploy import spec as spec_module
 from afd_models.deploy.commands import deployment_commands
@@ -234,17 +233,18 @@ def test_down_stops_what_is_recorded_and_refuses_a_record_it_cannot_read(
     spec.write_text('model = "/m"\n[attention]\n[ffn]\n')
     logs = tmp_path / "logs"
     logs.mkdir()
-    engine = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    engine = supervisor.launch(
+        "ffn0", [sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "ffn0.log"
     )
     try:
-        state = {"ffn0": {"process_group": engine.pid, "host": "127.0.0.1", "port": 1, "log": ""}}
+        state = {"ffn0": {"process_group": engine.pgid, "host": "127.0.0.1", "port": 1, "log": ""}}
         (logs / "deployment.json").write_text(json.dumps(state))
         assert main(["down", str(spec), "--log-dir", str(logs)]) == 0
-        assert engine.wait(10) is not None and not process_group_members(engine.pid)
+        assert engine.process is not None and engine.process.wait(10) is not None
+        assert not supervisor.members(engine.pgid)
         assert not (logs / "deployment.json").exists()
     finally:
-        engine.kill()
+        supervisor.kill(engine)
     (logs / "deployment.json").write_text('["not", "a", "record"]')
     assert main(["down", str(spec), "--log-dir", str(logs)]) == 3
     assert "deployment.json is not what `up` writes" in capsys.readouterr().out

@@ -9,7 +9,6 @@ import json
 import os
 import platform
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from afd_models import supervisor
 from tools.gpu_bundle import build
 from tools.gpu_bundle.manifest import (
     DEFAULT_PLATFORM,
@@ -51,36 +51,27 @@ def doc_blocks() -> dict[str, str]:
     return blocks
 
 
-def start_block(block: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_block(block: str, cwd: Path, env: dict[str, str]) -> supervisor.Group:
     """``block`` in bash, in ``cwd``, with this interpreter as ``python`` and this checkout on
-    ``PYTHONPATH`` (as running it from the checkout's root would have it), in a session of its
-    own; its output in ``cwd/block.log``."""
+    ``PYTHONPATH`` (as running it from the checkout's root would have it), in a process group of
+    its own; its output in ``cwd/block.log``."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    with (cwd / "block.log").open("wb") as log:
-        return subprocess.Popen(
-            ["bash", "-c", block],
-            cwd=cwd,
-            env={**os.environ, **env, "PATH": path, "PYTHONPATH": python_path},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return supervisor.launch(
+        "host command",
+        ["bash", "-c", block],
+        cwd / "block.log",
+        env={**os.environ, **env, "PATH": path, "PYTHONPATH": python_path},
+        cwd=cwd,
+    )
 
 
-def _wait_for(condition: Any, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+def _wait_for(condition: Any, group: supervisor.Group, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert process.poll() is None, f"exited {process.returncode}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"still waiting after {timeout} s:\n{log.read_text()}"
+        assert group.alive(), f"exited {group.returncode}:\n{group.log_tail(60)}"
+        assert time.monotonic() < deadline, f"still waiting after {timeout} s:\n{group.log_tail()}"
         time.sleep(0.2)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_the_host_command_keeps_every_finished_mode_when_stopped(tmp_path: Path) -> None:
@@ -110,15 +101,15 @@ def test_the_host_command_keeps_every_finished_mode_when_stopped(tmp_path: Path)
         "FAKE_VLLM_HANG": "PIECEWISE",
         "FAKE_VLLM_PID": str(engine_pid),
     }
-    process = start_block(doc_blocks()["host"], host, env)
+    group = start_block(doc_blocks()["host"], host, env)
     try:
-        _wait_for(engine_pid.exists, process, host / "block.log", 120)
+        _wait_for(engine_pid.exists, group, 120)
         report = json.loads((out / "gpu-check.json").read_text())
     finally:
-        _kill_group(process.pid)
-        if engine_pid.exists():
-            _kill_group(int(engine_pid.read_text()))
-        process.wait(30)
+        supervisor.kill(group)
+        if engine_pid.exists():  # the engine runs in a group of its own
+            engine = int(engine_pid.read_text())
+            supervisor.kill(supervisor.attach("engine", engine, host / "block.log"))
     log = (host / "block.log").read_text()
     assert "parts verified" in log and "installing 1 wheels into" in log
     assert report["finished"] is False and report["deadline_s"] == 540
@@ -163,8 +154,8 @@ def test_the_build_command_makes_parts_that_fit_a_transfer(tmp_path: Path) -> No
     checkout.mkdir()
     spec = BundleSpec(VLLM_VERSION, TORCH_VERSION, DEFAULT_PYTHON_VERSION, DEFAULT_PLATFORM)
     _seed_cache(cache, spec)
-    process = start_block(doc_blocks()["build"], checkout, {"AFD_CACHE_DIR": str(cache)})
-    assert process.wait(120) == 0, (checkout / "block.log").read_text()
+    group = start_block(doc_blocks()["build"], checkout, {"AFD_CACHE_DIR": str(cache)})
+    assert group.process is not None and group.process.wait(120) == 0, group.log_tail(60)
     manifest = json.loads((checkout / PARTS / "manifest.json").read_text())
     assert [w["name"] for w in manifest["wheels"]] == ["flashinfer-python", "vllm"]
     assert [(d["name"], d["size"] > 0) for d in manifest["dropped"]] == [("tilelang", True)]

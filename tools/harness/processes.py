@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from afd_models import supervisor
 from tools.harness.cli import log
 from tools.harness.results import EngineResult, EngineSpec
 
@@ -60,30 +60,28 @@ def spawn(
     env: Mapping[str, str],
     log_path: Path,
     stdin: int | None = None,
-) -> subprocess.Popen[bytes]:
-    """``python -m <children.module> command path`` in a fresh interpreter, in a session of its
-    own, run in the directory of its log (``-m`` puts that first on ``sys.path``, not the
+) -> supervisor.Group:
+    """``python -m <children.module> command path`` in a fresh interpreter, in a process group of
+    its own, run in the directory of its log (``-m`` puts that first on ``sys.path``, not the
     checkout, so ``PYTHONPATH`` orders the imports), its output in ``log_path``."""
-    with log_path.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", children.module, command, str(path)],
-            env=child_env(env),
-            stdin=stdin if stdin is not None else subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=log_path.parent,
-            start_new_session=True,
-        )
+    return supervisor.launch(
+        f"{children.tag} {command}",
+        [sys.executable, "-m", children.module, command, str(path)],
+        log_path,
+        env=child_env(env),
+        cwd=log_path.parent,
+        stdin=stdin if stdin is not None else subprocess.DEVNULL,
+    )
 
 
-def kill(process: subprocess.Popen[bytes]) -> None:
-    """Kill the process and whatever it started that is still running (its own session, also
-    after the process itself exited: vLLM's compile workers, say)."""
+def kill(group: supervisor.Group) -> None:
+    """Kill the process and whatever it started that is still running (its own group, also
+    after the process itself exited: vLLM's compile workers, say); a check goes on even when
+    something survived, naming it."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait(30)
+        supervisor.kill(group)
+    except supervisor.SupervisorError as exc:
+        log("harness", str(exc))
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -104,11 +102,12 @@ def run_internal(
 ) -> int:
     """Run an internal command in a fresh interpreter; its exit status (-1: killed after
     ``timeout_s``)."""
-    process = spawn(children, command, arg, env, log_path)
+    group = spawn(children, command, arg, env, log_path)
+    assert group.process is not None
     try:
-        return process.wait(timeout_s)
+        return group.process.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        kill(process)
+        kill(group)
         return -1
 
 
@@ -126,17 +125,17 @@ class EngineProcess:
         self.result_path.unlink(missing_ok=True)
         payload = {**dataclasses.asdict(spec), "result_path": str(self.result_path)}
         self.spec_path.write_text(json.dumps(payload, indent=2))
-        self.process: subprocess.Popen[bytes] | None = None
+        self.group: supervisor.Group | None = None
         self.started = 0.0
 
-    def start(self, env: Mapping[str, str], stdin: int | None = None) -> subprocess.Popen[bytes]:
+    def start(self, env: Mapping[str, str], stdin: int | None = None) -> supervisor.Group:
         pinned = ", ".join(f"{k}={v}" for k, v in env.items() if k.endswith("_VISIBLE_DEVICES"))
         self.children.log(
             f"start {self.spec.name} ({pinned or 'all devices'}), log {self.log_path}"
         )
         self.started = time.monotonic()
-        self.process = spawn(self.children, "_engine", self.spec_path, env, self.log_path, stdin)
-        return self.process
+        self.group = spawn(self.children, "_engine", self.spec_path, env, self.log_path, stdin)
+        return self.group
 
     def has_result(self) -> bool:
         return self.result_path.exists()
@@ -152,7 +151,7 @@ class EngineProcess:
                 f"{name}: done in {wall:.1f} s (start-up {result.startup_s:.1f} s, {rate} tok/s)"
             )
             return result
-        returncode = None if self.process is None else self.process.returncode
+        returncode = None if self.group is None else self.group.returncode
         why = f"timed out after {wall:.0f} s" if timed_out else f"exited with {returncode}"
         self.children.log(f"{name}: FAILED, {why}; log {self.log_path}")
         error = f"{why} without a result; end of {self.log_path}:\n{tail(self.log_path)}"
@@ -169,11 +168,12 @@ def run_engine(
     """Run one engine (the ``_engine`` command of ``children``) in a fresh interpreter, bounded by
     ``timeout_s``; its spec, result and log go to ``directory``."""
     engine = EngineProcess(spec, directory, children)
-    process = engine.start(env)
+    group = engine.start(env)
+    assert group.process is not None
     timed_out = False
     try:
-        process.wait(timeout_s)
+        group.process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-    kill(process)
+    kill(group)
     return engine.result(timed_out and not engine.has_result())

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from afd_models import supervisor
 from tools.harness.processes import REPO_ROOT, kill, run_engine, tail
 from tools.harness.results import MAX_TOKENS, EngineResult, EngineSpec, first_difference
 from tools.npu_check.host import CHILDREN, Setup
@@ -78,20 +79,14 @@ def run_origin_check(setup: Setup) -> CheckResult:
     command = [sys.executable, *CODEGEN_COMMAND]
     out, log_path = setup.work_dir / "codegen-check.json", setup.work_dir / "codegen-check.log"
     CHILDREN.log(f"runtime origin: {' '.join(command[1:])}, log {log_path}")
-    with out.open("wb") as stdout, log_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            command,
-            env=dict(setup.env),
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
+    group = supervisor.launch(
+        "codegen check", command, log_path, env=setup.env, cwd=REPO_ROOT, stdout=out
+    )
+    assert group.process is not None
     try:
-        returncode = process.wait(CODEGEN_TIMEOUT_S)
+        returncode = group.process.wait(CODEGEN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        kill(process)
+        kill(group)
         problem = f"python -m codegen check did not finish within {CODEGEN_TIMEOUT_S} s"
         return CheckResult(ORIGIN, "python -m codegen check", (f"{problem}; see {log_path}",))
     problems, summary = origin_problems(returncode, out.read_text(errors="replace"))
