@@ -1,9 +1,12 @@
-"""``python -m afd_models.cli.verify`` runs of one test module's selected cases, two at a time.
+"""``python -m afd_models.cli.verify`` runs of the selected cases of every test module, two at a time.
 
 A run is one process busy on about one core (measured on the 2-core machine: 43 s of CPU in a
-45 s run), and the cases of a module are independent: the module's fixture starts every case
-pytest selected (on the other releases, only those marked ``every_release``), two at a time, and
-each test then checks its own run.
+45 s run), and the cases are independent: the session's fixture (``verify_runs`` in
+tests/cpu/conftest.py) starts every case pytest selected in any module (on the other releases,
+only those marked ``every_release``), two at a time across modules, so that no module's last run
+leaves a core idle; each test then checks its own run. A module takes part by defining
+``verify_cases(session)`` (its selected cases and their configs) and reads its runs with
+:func:`runs_of`.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,15 +42,45 @@ class VerifyRun:
         return data
 
 
-def selected(request: pytest.FixtureRequest, test: str, *params: str) -> list[tuple[Any, ...]]:
-    """The parameter values of each selected case of ``test`` in the requesting module."""
+#: a module's cases: case -> (its HF config, verify's extra arguments)
+Cases = Mapping[Hashable, tuple[dict[str, Any], tuple[str, ...]]]
+
+
+def selected(
+    session: pytest.Session, module: str, test: str, *params: str
+) -> list[tuple[Any, ...]]:
+    """The parameter values of each selected case of ``test`` in ``module`` (its name)."""
     return [
         tuple(item.callspec.params[p] for p in params)
-        for item in request.session.items
+        for item in session.items
         if isinstance(item, pytest.Function)
-        and item.module is request.module
+        and item.module is not None
+        and item.module.__name__ == module
         and item.originalname == test
     ]
+
+
+def session_runs(
+    session: pytest.Session, directory: Path, env: dict[str, str]
+) -> dict[Hashable, VerifyRun]:
+    """Every selected case of every module that defines ``verify_cases``, run two at a time;
+    keyed by (module name, case)."""
+    modules = {
+        item.module
+        for item in session.items
+        if isinstance(item, pytest.Function) and item.module is not None
+    }
+    configs: dict[Hashable, tuple[dict[str, Any], tuple[str, ...]]] = {}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        cases: Callable[[pytest.Session], Cases] | None = getattr(module, "verify_cases", None)
+        if cases is not None:
+            configs.update({(module.__name__, c): v for c, v in cases(session).items()})
+    return run_all(configs, directory, env)
+
+
+def runs_of(runs: Mapping[Hashable, VerifyRun], module: str) -> dict[Hashable, VerifyRun]:
+    """The runs of ``module``'s cases, by case."""
+    return {key[1]: run for key, run in runs.items() if isinstance(key, tuple) and key[0] == module}
 
 
 def run_all(

@@ -11,7 +11,7 @@ from collections.abc import Hashable
 import pytest
 
 from afd_models.cli.tiny_models import tiny_config
-from tests.verify_runs import VerifyRun, run_all, selected
+from tests.verify_runs import Cases, VerifyRun, runs_of, selected
 
 #: V2 (bitwise) and V3 (``noaux_tc``, grouped top-k) run on every supported vLLM release; the
 #: other configurations vary AFD's own plan and run on the primary release only
@@ -23,17 +23,15 @@ CASES = [
 ]
 
 
+def verify_cases(session: pytest.Session) -> Cases:
+    """This module's selected cases, for the session's verify runs (tests/verify_runs.py)."""
+    cases = selected(session, __name__, "test_verify_passes", "variant", "dtype")
+    return {case: (tiny_config(case[0]), ("--dtype", case[1])) for case in cases}
+
+
 @pytest.fixture(scope="module")
-def runs(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    vllm_env: dict[str, str],
-) -> dict[Hashable, VerifyRun]:
-    """Every selected case's ``verify`` run, two at a time (tests/verify_runs.py)."""
-    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    cases = selected(request, "test_verify_passes", "variant", "dtype")
-    configs = {case: (tiny_config(case[0]), ("--dtype", case[1])) for case in cases}
-    return run_all(configs, tmp_path_factory.mktemp("verify"), env)
+def runs(verify_runs: dict[Hashable, VerifyRun]) -> dict[Hashable, VerifyRun]:
+    return runs_of(verify_runs, __name__)
 
 
 @pytest.mark.parametrize(

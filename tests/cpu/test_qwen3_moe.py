@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from afd_models.cli.hf_config import is_moe_layer
 from afd_models.cli.tiny_models import tiny_config, write_tiny_model
-from tests.verify_runs import VERIFY, VerifyRun, run_all, selected
+from tests.verify_runs import VERIFY, Cases, VerifyRun, runs_of, selected
 
 #: experts / top-k / norm_topk_prob / decoder_sparse_step / mlp_only_layers vary between the cases
 CASES = {
@@ -56,17 +56,15 @@ def test_builder_is_reproducible_and_names_qwen3_tensors(tmp_path: Path) -> None
     assert (config.model_type, config.num_experts, config.mlp_only_layers) == ("qwen3_moe", 8, [0])
 
 
+def verify_cases(session: pytest.Session) -> Cases:
+    """This module's selected cases, for the session's verify runs (tests/verify_runs.py)."""
+    cases = selected(session, __name__, "test_verify_is_bitwise_for_both_gate_placements", "case")
+    return {case: (CASES[case], ()) for (case,) in cases}
+
+
 @pytest.fixture(scope="module")
-def runs(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    vllm_env: dict[str, str],
-) -> dict[Hashable, VerifyRun]:
-    """Every selected case's ``verify`` run, two at a time (tests/verify_runs.py)."""
-    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    cases = selected(request, "test_verify_is_bitwise_for_both_gate_placements", "case")
-    configs = {case: (CASES[case], ()) for (case,) in cases}
-    return run_all(configs, tmp_path_factory.mktemp("verify"), env)
+def runs(verify_runs: dict[Hashable, VerifyRun]) -> dict[Hashable, VerifyRun]:
+    return runs_of(verify_runs, __name__)
 
 
 @pytest.mark.parametrize(

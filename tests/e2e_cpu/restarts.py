@@ -19,6 +19,15 @@ from tests import probes
 
 #: the connector's restart window the deployments get: long enough for an engine start
 RESTART_S = 240
+#: seconds an exchange may take: a held step may take the window plus three of them, which must
+#: stay below vLLM's executor timeout (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 s; the workers
+#: refuse more)
+TIMEOUT_S = 10
+#: the AFD section's settings of a deployment that restarts
+RESTART_SECTION = {
+    "peer_restart_timeout_s": RESTART_S,
+    "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 300},
+}
 #: what a request may take while an engine restarts
 REQUEST_TIMEOUT_S = RESTART_S + 60
 START_TIMEOUT_S = 600

@@ -82,7 +82,9 @@ def stale_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def baseline(model: Path, logs: Path, stale_checkout: Path) -> Iterator[serve.Server]:
-    """Plain vLLM, compiled, one sequence per step, loading its plugins from the stale checkout."""
+    """Plain vLLM, compiled, one sequence per step, loading its plugins from the stale checkout;
+    started, not yet ready: a test starts its pair before it asks for :func:`expected`, so that
+    the two start-ups overlap."""
     server = serve.start(
         "baseline",
         model,
@@ -93,8 +95,6 @@ def baseline(model: Path, logs: Path, stale_checkout: Path) -> Iterator[serve.Se
         env={"PYTHONPATH": str(stale_checkout)},
     )
     try:
-        serve.wait_ready([server], START_TIMEOUT_S)
-        assert serve.ran_compiled(server), server.log_tail()
         yield server
     finally:
         serve.stop(server)
@@ -103,6 +103,8 @@ def baseline(model: Path, logs: Path, stale_checkout: Path) -> Iterator[serve.Se
 @pytest.fixture(scope="module")
 def expected(baseline: serve.Server) -> dict[str, list[int]]:
     """The baseline's greedy tokens of each prompt, its requests sent at once."""
+    serve.wait_ready([baseline], START_TIMEOUT_S)
+    assert serve.ran_compiled(baseline), baseline.log_tail()
     tokens = dict(zip(PROMPTS, _concurrently(baseline), strict=True))
     assert all(len(t) == MAX_TOKENS for t in tokens.values())
     return tokens
@@ -114,7 +116,11 @@ def _concurrently(server: serve.Server) -> list[list[int]]:
 
 
 def test_a_stale_checkout_leaves_plain_vllm_alone_and_stops_afd_workers(
-    stale_checkout: Path, baseline: serve.Server, model: Path, logs: Path
+    stale_checkout: Path,
+    baseline: serve.Server,
+    expected: dict[str, list[int]],
+    model: Path,
+    logs: Path,
 ) -> None:
     """With an overlay edited after generation, loading vLLM's plugins logs nothing from this
     project and still registers the AFD names; the plain baseline serves from it without a
@@ -158,20 +164,12 @@ def test_a_stale_checkout_leaves_plain_vllm_alone_and_stops_afd_workers(
 
 
 def test_pair_matches_baseline_survives_restarts_and_fails_cleanly(
-    model: Path,
-    logs: Path,
-    expected: dict[str, list[int]],
-    baseline: serve.Server,
-    tmp_path: Path,
+    model: Path, logs: Path, baseline: serve.Server, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The gate on the FFN, the FFN started first: tokens equal the baseline's; both roles'
     ``/metrics`` show the AFD series of the exchanges; either role restarts under load without
     a lost request; an FFN engine away past the window fails the step in flight, and only it."""
-    afd: dict[str, Any] = {
-        "port": serve.free_port(),
-        "peer_restart_timeout_s": restarts.RESTART_S,
-        "connector_extra_config": {"timeout_s": TIMEOUT_S, "connect_timeout_s": 300},
-    }
+    afd: dict[str, Any] = {"port": serve.free_port(), **restarts.RESTART_SECTION}
     on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
     on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
     ffn_port, attention_port = serve.free_port(), serve.free_port()
@@ -204,6 +202,7 @@ def test_pair_matches_baseline_survives_restarts_and_fails_cleanly(
     servers.append(start_attention("attention-checkout"))
     ffn, attention = servers
     try:
+        expected: dict[str, list[int]] = request.getfixturevalue("expected")
         serve.wait_ready(servers, START_TIMEOUT_S)
         assert _concurrently(attention) == list(expected.values())
         assert serve.ran_compiled(attention), attention.log_tail()
@@ -247,7 +246,7 @@ def test_pair_matches_baseline_survives_restarts_and_fails_cleanly(
         started = time.monotonic()
         with pytest.raises(serve.ServerError, match="completion answered 500"):
             serve.complete(attention, PROMPTS[0], MAX_TOKENS, restarts.REQUEST_TIMEOUT_S)
-        assert LOST_AFTER_S <= time.monotonic() - started < LOST_AFTER_S + TIMEOUT_S + 30
+        assert LOST_AFTER_S <= time.monotonic() - started < LOST_AFTER_S + restarts.TIMEOUT_S + 30
         restarts.wait_for_lines(
             attention, "failing the step's 1 requests (the engine stays up", 1, 30
         )
@@ -278,34 +277,13 @@ def _started(servers: list[serve.Server], server: serve.Server) -> serve.Server:
 
 
 @pytest.mark.every_release
-def test_wheel_carries_code_generated_for_the_installed_vllm(wheel_venv: WheelVenv) -> None:
-    """On every supported release (one other than the primary named with ``-C vllm=``), the
-    venv's AFD workers import from the wheel, pass their freshness check against the lock the
-    wheel carries, and were generated for the installed vLLM; the build left the clone alone."""
-    where = run_python(
-        """
-        import afd_models.workers, afd_models._generated as generated
-        print(afd_models.workers.__file__, generated.UPSTREAM["vllm"], generated.LOCK)
-        """,
-        dict(os.environ),
-        python=wheel_venv.python,
-        cwd=wheel_venv.root,
-    )
-    assert where.returncode == 0, where.stderr[-3000:]
-    module, generated_for, lock = where.stdout.splitlines()[-1].split()
-    assert Path(module).is_relative_to(wheel_venv.root), module  # not this checkout's
-    assert generated_for == installed_vllm()
-    assert (Path(module).parent / "_generated" / Path(lock).name).is_file()
-    assert not (wheel_venv.clone / "afd_models" / "_generated").exists()
-
-
-@pytest.mark.every_release
 def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
+    baseline: serve.Server,
     wheel_venv: WheelVenv,
     model: Path,
     logs: Path,
-    expected: dict[str, list[int]],
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The gate on Attention, Attention started first, both roles running the installed wheel's
     code: completions sent one at a time equal the baseline's; concurrent requests share steps
@@ -332,6 +310,7 @@ def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
         "ffn-wheel", model, serve.free_port(), logs, afd, cpu=serve.cpu(1), **from_wheel
     )
     try:
+        expected: dict[str, list[int]] = request.getfixturevalue("expected")
         serve.wait_ready([ffn, attention], START_TIMEOUT_S)
         assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
         assert serve.ran_compiled(attention), attention.log_tail()
@@ -346,6 +325,28 @@ def test_wheel_pair_matches_baseline_batches_and_stops_cleanly(
     assert not serve.group_alive(attention) and not serve.group_alive(ffn)
     assert probes.port_is_free(afd["port"])
     assert "AFD FFN server: stopped after" in ffn.log.read_text(errors="replace")
+
+
+@pytest.mark.every_release
+def test_wheel_carries_code_generated_for_the_installed_vllm(wheel_venv: WheelVenv) -> None:
+    """On every supported release (one other than the primary named with ``-C vllm=``), the
+    venv's AFD workers import from the wheel, pass their freshness check against the lock the
+    wheel carries, and were generated for the installed vLLM; the build left the clone alone."""
+    where = run_python(
+        """
+        import afd_models.workers, afd_models._generated as generated
+        print(afd_models.workers.__file__, generated.UPSTREAM["vllm"], generated.LOCK)
+        """,
+        dict(os.environ),
+        python=wheel_venv.python,
+        cwd=wheel_venv.root,
+    )
+    assert where.returncode == 0, where.stderr[-3000:]
+    module, generated_for, lock = where.stdout.splitlines()[-1].split()
+    assert Path(module).is_relative_to(wheel_venv.root), module  # not this checkout's
+    assert generated_for == installed_vllm()
+    assert (Path(module).parent / "_generated" / Path(lock).name).is_file()
+    assert not (wheel_venv.clone / "afd_models" / "_generated").exists()
 
 
 def _exposed(server: serve.Server) -> list[tuple[str, int]]:

@@ -143,21 +143,16 @@ def _tp_args(tp: int) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def baselines() -> dict[int, Baseline]:
-    """Plain vLLM baselines by TP size, made on first use (:func:`_baseline_for`)."""
+    """Plain vLLM baselines by TP size, made on first use (:func:`_start_baseline`)."""
     return {}
 
 
-def _baseline_for(tp: int, baselines: dict[int, Baseline], model: Path, logs: Path) -> Baseline:
-    """A TP 2 engine sums its all-reduced partial results in another order than a TP 1 engine,
-    so each topology is compared with a baseline of its own TP size."""
-    if tp not in baselines:
-        baselines[tp] = _baseline(model, logs, tp)
-    return baselines[tp]
-
-
-def _baseline(model: Path, logs: Path, tp: int) -> Baseline:
-    """Plain vLLM's greedy tokens, eager, one sequence per step; the server is stopped after."""
-    server = serve.start(
+def _start_baseline(tp: int, model: Path, logs: Path) -> serve.Server:
+    """Plain vLLM, eager, one sequence per step, of TP size ``tp`` (a TP 2 engine sums its
+    all-reduced partial results in another order than a TP 1 engine, so each topology is
+    compared with a baseline of its own TP size); started, read by :func:`_baseline_of` once
+    the deployment started beside it."""
+    return serve.start(
         f"baseline-eager-tp{tp}",
         model,
         serve.free_port(),
@@ -166,6 +161,10 @@ def _baseline(model: Path, logs: Path, tp: int) -> Baseline:
         extra=(*ENGINE_ARGS, *_tp_args(tp)),
         eager=True,
     )
+
+
+def _baseline_of(server: serve.Server) -> Baseline:
+    """The started baseline's greedy tokens and prompt lengths; the server is stopped after."""
     try:
         serve.wait_ready([server], START_TIMEOUT_S)
         tokens = _complete_all(server)
@@ -254,7 +253,7 @@ def _spec(topology: Topology, model: Path) -> str:
     }
     attention_args = [*engine_args, *KV_CACHE_ARGS]
     if topology.restart:
-        afd["peer_restart_timeout_s"] = restarts.RESTART_S
+        afd.update(restarts.RESTART_SECTION)
         attention_args += restarts.ATTENTION_ARGS
     if topology.ffn_hosts:
         afd["ffn_hosts"] = list(topology.ffn_hosts)
@@ -402,8 +401,14 @@ def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
     baselines: dict[int, Baseline],
     memory: dict[str, tuple[int, int]],
 ) -> None:
-    baseline = _baseline_for(topology.tp, baselines, model, logs)
-    launched = _launch(topology, model, logs)
+    # the baseline starts beside the deployment, the first time its TP size is needed
+    starting = None if topology.tp in baselines else _start_baseline(topology.tp, model, logs)
+    try:
+        launched = _launch(topology, model, logs)
+    finally:
+        if starting is not None:
+            baselines[topology.tp] = _baseline_of(starting)
+    baseline = baselines[topology.tp]
     ffns, attentions = launched.ffns, launched.attentions
     servers = ffns + attentions
     try:
