@@ -15,8 +15,13 @@ Two kinds of environment:
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nox
@@ -60,6 +65,49 @@ def _cpu_python(session: nox.Session, version: str | None = None) -> str:
     return _cpu_env(session, "ensure", "--vllm-version", release)
 
 
+#: CPU envs built at once: a build mostly unpacks and writes wheels, so two take about as long
+#: as one on the 2-core machine (measured: 81 s for two, 76 s for one; four at once, 210 s)
+ENV_BUILDS_AT_ONCE = 2
+#: where `tests` keeps each env build's output (a local scratch directory, git-ignored)
+ENV_LOGS = ROOT / ".afd-work" / "cpu-envs"
+
+
+def _cpu_pythons(session: nox.Session) -> dict[str, str]:
+    """The python of every supported release's CPU env, the primary first, each created or
+    reused, :data:`ENV_BUILDS_AT_ONCE` at a time; each build's output goes to its log in
+    :data:`ENV_LOGS`, a line marks its start and end, and a failed one ends the session with
+    the end of its log."""
+    versions = _supported_versions(session)
+    ENV_LOGS.mkdir(parents=True, exist_ok=True)
+
+    def ensure(version: str) -> tuple[int, str, Path]:
+        log = ENV_LOGS / f"vllm-{version}.log"
+        session.log(
+            f"preparing the CPU env of vLLM {version} (a first build installs ~6 GB): {log}"
+        )
+        started = time.monotonic()
+        with log.open("w") as err:
+            done = subprocess.run(
+                [sys.executable, "-m", "tools.cpu_env", "ensure", "--vllm-version", version],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        session.log(f"the CPU env of vLLM {version}: {time.monotonic() - started:.0f} s")
+        return done.returncode, done.stdout.strip(), log
+
+    with ThreadPoolExecutor(ENV_BUILDS_AT_ONCE) as pool:
+        results = dict(zip(versions, pool.map(ensure, versions), strict=True))
+    for version, (code, _, log) in results.items():
+        if code != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            session.error(
+                f"the CPU env of vLLM {version} failed (exit {code}), end of {log}:\n{tail}"
+            )
+    return {version: python for version, (_, python, _) in results.items()}
+
+
 def _regenerate_with(session: nox.Session, python: str) -> None:
     session.run(python, "-m", "codegen", "regenerate", external=True)
 
@@ -80,67 +128,136 @@ def _check_committed_with(session: nox.Session, python: str) -> None:
     session.run(python, *COMMITTED_CHECK, external=True)
 
 
+#: The CI budget, in minutes of wall time on the 2-core machine, of each step of a cold fresh-clone
+#: run of `.ci/run` (`release`: each other release's leg); docs/testing.md has the same table,
+#: with the lines reserved for the next tiers (tests/unit/test_ci_budget.py keeps the two equal).
+#: Each session prints its steps' times beside their lines when it ends, also on a failure.
+BUDGET_MIN: dict[str, float] = {
+    "envs": 3.5,
+    "lint": 1,
+    "static": 2.5,
+    "unit+upstream": 7,
+    "primary": 11,
+    "release": 2.5,
+    "manifests": 0.5,
+}
+
+
+#: the step of the static checks and every regeneration of the primary's code
+STATIC_STEP = "static checks and regenerations"
+
+
+@dataclass
+class Clock:
+    """The wall time of each step of `tests`, against its line of :data:`BUDGET_MIN`."""
+
+    #: step -> (its budget's key, seconds so far): a step that runs twice adds up
+    steps: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def step(self, name: str, budget: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            _, before = self.steps.get(name, (budget, 0.0))
+            self.steps[name] = (budget, before + time.monotonic() - started)
+
+    def table(self) -> list[str]:
+        lines = ["wall time of each step against its budget (docs/testing.md):"]
+        for name, (budget, seconds) in self.steps.items():
+            over = "  OVER BUDGET" if seconds > BUDGET_MIN[budget] * 60 else ""
+            lines.append(f"  {name:<36} {seconds / 60:5.1f} of {BUDGET_MIN[budget]:g} min{over}")
+        return lines
+
+    def report(self, session: nox.Session) -> None:
+        for line in self.table():
+            session.log(line)
+
+
+@contextlib.contextmanager
+def _timed(session: nox.Session, name: str, budget: str) -> Iterator[None]:
+    """A session's whole work as one step of the budget, reported when it ends."""
+    clock = Clock()
+    try:
+        with clock.step(name, budget):
+            yield
+    finally:
+        clock.report(session)
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """Static checks on the committed tree, every test tier this machine can run (gpu and npu skip with a reason), then the cpu and e2e_cpu tiers on each other supported vLLM release."""
-    # every release's env first: one that cannot be built fails the run before any tier starts
-    pythons = {version: _cpu_python(session, version) for version in _supported_versions(session)}
-    # the deployment manifests' schema check needs kubernetes-validate, which the CPU envs lack
-    session.notify("manifests")
-    run_tests(session, pythons)
+    clock = Clock()
+    try:
+        # every release's env first: one that cannot be built fails the run before any tier starts
+        with clock.step("the CPU envs", "envs"):
+            pythons = _cpu_pythons(session)
+        # the deployment manifests' schema check needs kubernetes-validate, which the CPU envs lack
+        session.notify("manifests")
+        run_tests(session, pythons, clock)
+    finally:
+        clock.report(session)
 
 
-def run_tests(session: nox.Session, pythons: dict[str, str]) -> None:
+def run_tests(session: nox.Session, pythons: dict[str, str], clock: Clock | None = None) -> None:
     """The commands of `tests`, given each supported release's python (the primary first)."""
+    clock = clock or Clock()
     (primary, python), *others = pythons.items()
-    _check_committed_with(session, python)
-    _regenerate_with(session, python)
+    with clock.step(STATIC_STEP, "static"):
+        _check_committed_with(session, python)
+        _regenerate_with(session, python)
     serial_tiers = [tier for tier in TEST_TIERS if tier not in PARALLEL_TIERS]
     session.log(f"the {', '.join(PARALLEL_TIERS)} tiers on vLLM {primary}, two pytest workers")
-    session.run(
-        python,
-        "-m",
-        "pytest",
-        *(f"tests/{tier}" for tier in PARALLEL_TIERS),
-        "-n",
-        PARALLEL_WORKERS,
-        DURATIONS,
-        *session.posargs,
-        external=True,
-        env={"AFD_REQUIRED_TIERS": ",".join(PARALLEL_TIERS)},
-    )
+    with clock.step(f"{' + '.join(PARALLEL_TIERS)} on {primary}", "unit+upstream"):
+        session.run(
+            python,
+            "-m",
+            "pytest",
+            *(f"tests/{tier}" for tier in PARALLEL_TIERS),
+            "-n",
+            PARALLEL_WORKERS,
+            DURATIONS,
+            *session.posargs,
+            external=True,
+            env={"AFD_REQUIRED_TIERS": ",".join(PARALLEL_TIERS)},
+        )
     session.log(f"the {', '.join(serial_tiers)} tiers on vLLM {primary}")
-    session.run(
-        python,
-        "-m",
-        "pytest",
-        *(f"tests/{tier}" for tier in serial_tiers),
-        DURATIONS,
-        *session.posargs,
-        external=True,
-        env={"AFD_REQUIRED_TIERS": ",".join(t for t in REQUIRED_TIERS if t in serial_tiers)},
-    )
+    with clock.step(f"{' + '.join(serial_tiers)} on {primary}", "primary"):
+        session.run(
+            python,
+            "-m",
+            "pytest",
+            *(f"tests/{tier}" for tier in serial_tiers),
+            DURATIONS,
+            *session.posargs,
+            external=True,
+            env={"AFD_REQUIRED_TIERS": ",".join(t for t in REQUIRED_TIERS if t in serial_tiers)},
+        )
     # afd_models/_generated holds one release's code: each other release's for its tiers, then
     # the primary's again, once, for the checkout
     try:
         for version, other in others:
             session.log(f"the {', '.join(RELEASE_TIERS)} tiers on vLLM {version} (its own CPU env)")
-            _regenerate_with(session, other)
-            session.run(
-                other,
-                "-m",
-                "pytest",
-                *(f"tests/{tier}" for tier in RELEASE_TIERS),
-                "-m",
-                RELEASE_MARKER,
-                DURATIONS,
-                *session.posargs,
-                external=True,
-                env={"AFD_REQUIRED_TIERS": ",".join(RELEASE_TIERS)},
-            )
+            with clock.step(f"{RELEASE_MARKER} on {version}", "release"):
+                _regenerate_with(session, other)
+                session.run(
+                    other,
+                    "-m",
+                    "pytest",
+                    *(f"tests/{tier}" for tier in RELEASE_TIERS),
+                    "-m",
+                    RELEASE_MARKER,
+                    DURATIONS,
+                    *session.posargs,
+                    external=True,
+                    env={"AFD_REQUIRED_TIERS": ",".join(RELEASE_TIERS)},
+                )
     finally:
         if others:
-            _regenerate_with(session, python)
+            with clock.step(STATIC_STEP, "static"):
+                _regenerate_with(session, python)
 
 
 @nox.session(venv_backend="none", default=False)
@@ -193,26 +310,28 @@ KUBERNETES_VALIDATE = "kubernetes-validate==1.37.0"
 @nox.session(reuse_venv=True, default=False)
 def manifests(session: nox.Session) -> None:
     """The Kubernetes manifests of `python -m afd_models.deploy k8s`, validated against the Kubernetes schema and checked for cross-references (run by `tests`)."""
-    session.install("-e", ".", KUBERNETES_VALIDATE, "pytest==9.0.2")
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        "tests/unit/test_deploy_k8s.py",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        env={"AFD_KUBERNETES_SCHEMA": "required"},
-    )
+    with _timed(session, "the manifests' schema check", "manifests"):
+        session.install("-e", ".", KUBERNETES_VALIDATE, "pytest==9.0.2")
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            "tests/unit/test_deploy_k8s.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            env={"AFD_KUBERNETES_SCHEMA": "required"},
+        )
 
 
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) on the project and mypy --strict on codegen/, afd_models/ and tools/."""
-    session.install("-e", ".[codegen]", "mypy==2.4.1", "types-PyYAML==6.0.12.20250915")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("mypy")
+    with _timed(session, "lint", "lint"):
+        session.install("-e", ".[codegen]", "mypy==2.4.1", "types-PyYAML==6.0.12.20250915")
+        session.run("ruff", "check", ".")
+        session.run("ruff", "format", "--check", ".")
+        session.run("mypy")
 
 
 @nox.session(venv_backend="none", default=False)
