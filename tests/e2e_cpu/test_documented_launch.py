@@ -168,6 +168,11 @@ def _deployment_guides_pair_serves(request: str, logs: Path) -> None:
     try:
         try:
             serve.wait_ready([up], timeout_s=600)
+            # up itself is ready once it says so (it may not have seen /health answer yet)
+            deadline = time.monotonic() + 60
+            while "serving; Ctrl-C stops every engine" not in up.log_tail(400):
+                assert up.alive() and time.monotonic() < deadline, up.log_tail(400)
+                time.sleep(0.5)
             _assert_completion(run_block(request, timeout_s=120))
             engines = json.loads((log_dir / "deployment.json").read_text())
             assert list(engines) == ["ffn0", "attention0"], engines

@@ -37,6 +37,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,180 @@ def _concurrently(server: serve.Server) -> list[list[int]]:
         return list(pool.map(lambda p: serve.complete(server, p, MAX_TOKENS), PROMPTS))
 
 
+@dataclass
+class CheckoutPair:
+    """The compiled pair from the checkout (gate on the FFN, the FFN started first, with a
+    restart window and the AFD scheduler), as the tests before left it: a restart replaces an
+    engine, on the same ports."""
+
+    model: Path
+    logs: Path
+    #: where each engine's own Prometheus directory goes
+    prometheus: Path
+    afd: dict[str, Any]
+    ffn_port: int = field(default_factory=serve.free_port)
+    attention_port: int = field(default_factory=serve.free_port)
+    #: every engine started, in order (the last of each role serves)
+    servers: list[serve.Server] = field(default_factory=list)
+    #: the serving Attention engine's ``peer_restart_timeout_s``
+    window_s: float = restarts.RESTART_S
+
+    @property
+    def ffn(self) -> serve.Server:
+        return next(s for s in reversed(self.servers) if s.name.startswith("ffn"))
+
+    @property
+    def attention(self) -> serve.Server:
+        return next(s for s in reversed(self.servers) if s.name.startswith("attention"))
+
+    def _env(self, name: str) -> dict[str, str]:
+        # each server's own fresh directory: vLLM's /metrics then serves its workers' series too
+        directory = self.prometheus / name
+        directory.mkdir(parents=True)
+        return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
+
+    def start_ffn(self, name: str) -> serve.Server:
+        server = serve.start_ffn(
+            name,
+            self.model,
+            self.ffn_port,
+            self.logs,
+            self.afd,
+            cpu=serve.cpu(1),
+            env=self._env(name),
+        )
+        self.servers.append(server)
+        return server
+
+    def start_attention(self, name: str, window_s: float = restarts.RESTART_S) -> serve.Server:
+        server = serve.start_attention(
+            name,
+            self.model,
+            self.attention_port,
+            self.logs,
+            {**self.afd, "peer_restart_timeout_s": window_s},
+            cpu=serve.cpu(0),
+            extra=(*ONE_SEQUENCE, *restarts.ATTENTION_ARGS),
+            env=self._env(name),
+        )
+        self.servers.append(server)
+        self.window_s = window_s
+        return server
+
+    def ready(self) -> None:
+        serve.wait_ready([self.ffn, self.attention], START_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def pair(
+    model: Path, logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CheckoutPair]:
+    """The pair, started (its first test waits for it, after the baseline's start)."""
+    afd: dict[str, Any] = {"port": serve.free_port(), **restarts.RESTART_SECTION}
+    started = CheckoutPair(model, logs, tmp_path_factory.mktemp("prometheus"), afd)
+    started.start_ffn("ffn-checkout")
+    time.sleep(5)  # the second role really starts later
+    started.start_attention("attention-checkout")
+    try:
+        yield started
+    finally:
+        for server in reversed(started.servers):
+            serve.stop(server)
+
+
+#: the labels of the pair's one connection, on each side
+ON_ATTENTION = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
+ON_FFN = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
+
+
+def test_pair_matches_baseline_and_reports_its_exchanges(
+    pair: CheckoutPair, baseline: serve.Server, request: pytest.FixtureRequest
+) -> None:
+    """Tokens equal the baseline's; both roles' ``/metrics`` show the AFD series of the
+    exchanges; vLLM's own client completes its requests; the FFN engine refuses requests; no
+    role listens more widely than plain vLLM."""
+    expected: dict[str, list[int]] = request.getfixturevalue("expected")
+    pair.ready()
+    ffn, attention = pair.ffn, pair.attention
+    assert _concurrently(attention) == list(expected.values())
+    assert serve.ran_compiled(attention), attention.log_tail()
+    _check_metrics(attention, ffn, tokens=len(PROMPTS) * MAX_TOKENS)
+    # vLLM's own client, as the demo and benchmarks/serving.py drive it
+    cores = (serve.cpu(0), serve.cpu(1))
+    run = bench_serve.bench_serve(
+        bench_serve.Deployment("AFD pair", attention, cores, plain=False), pair.model, 2, 4
+    )
+    assert run.output_tokens_per_s > 0 and run.tpot_median_ms > 0, run
+    status, _ = serve.post(
+        ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    )
+    assert status == 404  # the FFN engine registers no generation routes
+    _check_listening(ffn, attention, baseline, pair.afd["port"])
+
+
+def test_either_role_restarts_under_load_without_losing_a_request(
+    pair: CheckoutPair, expected: dict[str, list[int]]
+) -> None:
+    """The FFN engine killed under load and a new one started; then the Attention engine
+    (the new one gives up on a step sooner, for the next test)."""
+    pair.ready()
+    restarts.restart_ffn_under_load(
+        pair.attention,
+        pair.ffn,
+        lambda: pair.start_ffn("ffn-restarted"),
+        expected,
+        max_tokens=MAX_TOKENS,
+        lanes=[ON_ATTENTION],
+    )
+    attention = restarts.restart_attention_under_load(
+        pair.ffn,
+        pair.attention,
+        lambda: pair.start_attention("attention-restarted", LOST_AFTER_S),
+        expected,
+        max_tokens=MAX_TOKENS,
+        ffn_lanes=[ON_FFN],
+        tp=1,
+    )
+    assert serve.ran_compiled(attention), attention.log_tail()
+
+
+def test_an_ffn_engine_away_past_the_window_fails_only_the_step_in_flight(
+    pair: CheckoutPair, expected: dict[str, list[int]]
+) -> None:
+    """The FFN engine stays away past the Attention engine's window: the request fails within
+    it, the engine stays up, and serves again once an FFN engine is back."""
+    if pair.window_s != LOST_AFTER_S:  # run on its own: an Attention engine of the short window
+        serve.stop(pair.attention)
+        pair.start_attention("attention-short-window", LOST_AFTER_S)
+    pair.ready()
+    attention = pair.attention
+    serve.kill_group(pair.ffn)
+    started = time.monotonic()
+    with pytest.raises(serve.ServerError, match="completion answered 500"):
+        serve.complete(attention, PROMPTS[0], MAX_TOKENS, restarts.REQUEST_TIMEOUT_S)
+    assert LOST_AFTER_S <= time.monotonic() - started < LOST_AFTER_S + restarts.TIMEOUT_S + 30
+    restarts.wait_for_lines(attention, "failing the step's 1 requests (the engine stays up", 1, 30)
+    assert serve.health(attention) == 200 and attention.alive()
+    errors = {"finished_reason": "error"}
+    assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
+    ffn = pair.start_ffn("ffn-back")
+    # with no request in flight: its API server comes up once the Attention engine connected
+    serve.wait_ready([ffn], START_TIMEOUT_S)
+    restarts.wait_for_lines(attention, "an FFN engine connected; the next step runs on it", 1, 30)
+    assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
+    assert probes.metric_value(attention, "afd_reconnects_total", **ON_ATTENTION) == 1
+    assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
+
+
+def test_the_pair_stops_and_frees_its_ports(pair: CheckoutPair) -> None:
+    """Every engine the pair's tests started is gone after its stop, and every port is free."""
+    codes = {s.name: serve.stop(s) for s in reversed(pair.servers)}
+    assert not any(serve.group_alive(s) for s in pair.servers)
+    for port in (pair.afd["port"], pair.ffn_port, pair.attention_port):
+        assert probes.port_is_free(port), port
+    assert codes[pair.attention.name] is not None and codes[pair.ffn.name] is not None
+
+
 def test_a_stale_checkout_leaves_plain_vllm_alone_and_stops_afd_workers(
     stale_checkout: Path,
     baseline: serve.Server,
@@ -161,119 +336,6 @@ def test_a_stale_checkout_leaves_plain_vllm_alone_and_stops_afd_workers(
     assert f"{STALE_OVERLAY} changed since the code was generated" in log, attention.log_tail()
     assert "nox -s regenerate" in log, attention.log_tail()
     assert not serve.group_alive(attention)
-
-
-def test_pair_matches_baseline_survives_restarts_and_fails_cleanly(
-    model: Path, logs: Path, baseline: serve.Server, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    """The gate on the FFN, the FFN started first: tokens equal the baseline's; both roles'
-    ``/metrics`` show the AFD series of the exchanges; either role restarts under load without
-    a lost request; an FFN engine away past the window fails the step in flight, and only it."""
-    afd: dict[str, Any] = {"port": serve.free_port(), **restarts.RESTART_SECTION}
-    on_attention = {"role": "attention", "rank": "0", "lane": "0", "peer": "ffn0"}
-    on_ffn = {"role": "ffn", "rank": "0", "lane": "0", "peer": "attention0"}
-    ffn_port, attention_port = serve.free_port(), serve.free_port()
-
-    def prometheus(name: str) -> dict[str, str]:
-        # each server's own fresh directory: vLLM's /metrics then serves its workers' series too
-        directory = tmp_path / f"prometheus-{name}"
-        directory.mkdir()
-        return {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
-
-    def start_ffn(name: str) -> serve.Server:
-        return serve.start_ffn(
-            name, model, ffn_port, logs, afd, cpu=serve.cpu(1), env=prometheus(name)
-        )
-
-    def start_attention(name: str, restart_s: float = restarts.RESTART_S) -> serve.Server:
-        return serve.start_attention(
-            name,
-            model,
-            attention_port,
-            logs,
-            {**afd, "peer_restart_timeout_s": restart_s},
-            cpu=serve.cpu(0),
-            extra=(*ONE_SEQUENCE, *restarts.ATTENTION_ARGS),
-            env=prometheus(name),
-        )
-
-    servers = [start_ffn("ffn-checkout")]
-    time.sleep(5)  # the second role really starts later
-    servers.append(start_attention("attention-checkout"))
-    ffn, attention = servers
-    try:
-        expected: dict[str, list[int]] = request.getfixturevalue("expected")
-        serve.wait_ready(servers, START_TIMEOUT_S)
-        assert _concurrently(attention) == list(expected.values())
-        assert serve.ran_compiled(attention), attention.log_tail()
-        _check_metrics(attention, ffn, tokens=len(PROMPTS) * MAX_TOKENS)
-        # vLLM's own client, as the demo and benchmarks/serving.py drive it
-        cores = (serve.cpu(0), serve.cpu(1))
-        run = bench_serve.bench_serve(
-            bench_serve.Deployment("AFD pair", attention, cores, plain=False), model, 2, 4
-        )
-        assert run.output_tokens_per_s > 0 and run.tpot_median_ms > 0, run
-        status, _ = serve.post(
-            ffn, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2}
-        )
-        assert status == 404  # the FFN engine registers no generation routes
-        _check_listening(ffn, attention, baseline, afd["port"])
-
-        # --- either role dies under load and a new engine takes its place
-        ffn = restarts.restart_ffn_under_load(
-            attention,
-            ffn,
-            lambda: _started(servers, start_ffn("ffn-restarted")),
-            expected,
-            max_tokens=MAX_TOKENS,
-            lanes=[on_attention],
-        )
-        # (the new one gives up on a step sooner, for the last part)
-        attention = restarts.restart_attention_under_load(
-            ffn,
-            attention,
-            lambda: _started(servers, start_attention("attention-restarted", LOST_AFTER_S)),
-            expected,
-            max_tokens=MAX_TOKENS,
-            ffn_lanes=[on_ffn],
-            tp=1,
-        )
-        assert serve.ran_compiled(attention), attention.log_tail()
-
-        # --- the FFN engine stays away past the window: the request fails, the engine stays
-        # up, and serves again once an FFN engine is back
-        serve.kill_group(ffn)
-        started = time.monotonic()
-        with pytest.raises(serve.ServerError, match="completion answered 500"):
-            serve.complete(attention, PROMPTS[0], MAX_TOKENS, restarts.REQUEST_TIMEOUT_S)
-        assert LOST_AFTER_S <= time.monotonic() - started < LOST_AFTER_S + restarts.TIMEOUT_S + 30
-        restarts.wait_for_lines(
-            attention, "failing the step's 1 requests (the engine stays up", 1, 30
-        )
-        assert serve.health(attention) == 200 and attention.alive()
-        errors = {"finished_reason": "error"}
-        assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
-        ffn = _started(servers, start_ffn("ffn-back"))
-        # with no request in flight: its API server comes up once the Attention engine connected
-        serve.wait_ready([ffn], START_TIMEOUT_S)
-        restarts.wait_for_lines(
-            attention, "an FFN engine connected; the next step runs on it", 1, 30
-        )
-        assert {p: serve.complete(attention, p, MAX_TOKENS) for p in PROMPTS} == expected
-        assert probes.metric_value(attention, "afd_reconnects_total", **on_attention) == 1
-        assert probes.metric_value(attention, "vllm:request_success_total", **errors) == 1
-    finally:
-        codes = {s.name: serve.stop(s) for s in reversed(servers)}
-    assert not any(serve.group_alive(s) for s in servers)
-    for port in (afd["port"], ffn_port, attention_port):
-        assert probes.port_is_free(port), port
-    assert codes[attention.name] is not None and codes[ffn.name] is not None
-
-
-def _started(servers: list[serve.Server], server: serve.Server) -> serve.Server:
-    """``server``, kept for the stop at the end."""
-    servers.append(server)
-    return server
 
 
 @pytest.mark.every_release

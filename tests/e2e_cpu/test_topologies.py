@@ -43,6 +43,7 @@ only (the CI budget, docs/testing.md).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -77,8 +78,8 @@ UP_TIMEOUT_S = str(START_TIMEOUT_S - 120)
 ENGINE_ARGS = ("--max-num-seqs", "1")
 KV_CACHE_ARGS = ("--kv-cache-memory-bytes", "128M")
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc, to read the FFN workers' steps
-#: this machine's memory; the whole deployment (and the baseline, stopped before) must fit
-MACHINE_BYTES = 24 * 2**30
+#: this machine's memory, which the whole deployment must fit
+MACHINE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(frozen=True)
@@ -348,9 +349,144 @@ def _stop(launched: Launched) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _restart_both_roles(topology: Topology, launched: Launched, baseline: Baseline) -> None:
+@pytest.fixture(scope="module")
+def memory(logs: Path) -> Iterator[dict[str, tuple[int, int]]]:
+    """Per engine: peak RSS (the sum of its processes' peaks) and PSS after serving, in bytes;
+    written to ``logs/engine_memory.json`` and printed (docs/testing.md quotes a run)."""
+    measured: dict[str, tuple[int, int]] = {}
+    yield measured
+    (logs / "engine_memory.json").write_text(json.dumps(measured, indent=1))
+    print("\nengine memory, MiB (peak RSS, PSS):")
+    for engine, (rss, pss) in measured.items():
+        print(f"  {engine}: {rss // 2**20}, {pss // 2**20}")
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A topology started, and the baseline its tokens are compared with."""
+
+    topology: Topology
+    launched: Launched
+    baseline: Baseline
+
+
+@pytest.fixture(scope="module", params=TOPOLOGIES, ids=lambda t: t.name)
+def deployed(
+    request: pytest.FixtureRequest, model: Path, logs: Path, baselines: dict[int, Baseline]
+) -> Iterator[Deployed]:
+    """Each topology in turn, started as an operator starts it and stopped as it was started,
+    after every test of it; no engine is left."""
+    topology: Topology = request.param
+    # the baseline starts beside the deployment, the first time its TP size is needed
+    starting = None if topology.tp in baselines else _start_baseline(topology.tp, model, logs)
+    try:
+        launched = _launch(topology, model, logs)
+    finally:
+        if starting is not None:
+            baselines[topology.tp] = _baseline_of(starting)
+    try:
+        yield Deployed(topology, launched, baselines[topology.tp])
+    finally:
+        _stop(launched)
+    engines = [*launched.ffns, *launched.attentions, *launched.restarted]
+    assert not any(serve.group_alive(s) for s in engines)
+
+
+def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
+    deployed: Deployed, memory: dict[str, tuple[int, int]]
+) -> None:
+    topology, launched, baseline = deployed.topology, deployed.launched, deployed.baseline
+    ffns, attentions = launched.ffns, launched.attentions
+    servers = ffns + attentions
+    # steps before the requests: vLLM's profiling forward of each Attention rank
+    served_from = [len(probes.ffn_steps(ffn)[0]) for ffn in ffns]
+    with ThreadPoolExecutor(len(attentions)) as pool:
+        outputs = list(pool.map(_complete_all, attentions))
+    for attention, tokens in zip(attentions, outputs, strict=True):
+        assert tokens == baseline.tokens, attention.name
+
+    for ffn, peers in zip(ffns, topology.peers, strict=True):
+        # each TP lane's worker counts its own steps from each peer in /metrics (a series
+        # shared by the lanes would count them TP times): between the steps recorded
+        # before and after reading them, plus the one a lane may be serving (a DP dummy
+        # step may still be arriving; a step is counted when its header arrives and
+        # recorded once it is served)
+        before = [len(lane) for lane in probes.ffn_steps(ffn)]
+        counted = {
+            (lane, rank): probes.metric_value(
+                ffn, "afd_steps_total", role="ffn", lane=str(lane), peer=f"attention{rank}"
+            )
+            for lane in range(topology.tp)
+            for rank in peers
+        }
+        after = [len(lane) for lane in probes.ffn_steps(ffn)]
+        for (lane, rank), steps in counted.items():
+            assert before[lane] <= steps <= after[lane] + 1, (ffn.name, lane, rank, steps)
+
+    counts_of_rank: dict[int, list[int]] = {}  # Attention rank -> its count in every step
+    uneven = 0
+    for ffn, peers, first in zip(ffns, topology.peers, served_from, strict=True):
+        lanes = probes.ffn_steps(ffn)
+        # FFN TP partners computed on identical tokens, each received on its own lane (a
+        # DP dummy step may still be running on one: compare the steps all have finished)
+        assert len(lanes) == topology.tp, ffn.name
+        done = min(len(lane) for lane in lanes)
+        same = [[_untimed(step) for step in lane[:done]] for lane in lanes]
+        assert all(lane == same[0] for lane in same), ffn.name
+        steps = [step for step in lanes[0] if step["step"] >= first]
+        assert len(steps) >= MAX_TOKENS, (ffn.name, len(steps))
+        for step in steps:
+            assert sorted(step["peers"]) == list(peers), (ffn.name, step)
+            total = sum(step["peers"].values())
+            assert step["tokens"] == total, (ffn.name, step)
+            assert step["rows"] and set(step["rows"]) == {total}, (ffn.name, step)
+            # an eager step times each layer: receiving, computing, sending
+            seconds = step["layer_seconds"]
+            assert len(seconds) == len(step["rows"]), (ffn.name, step)
+            assert all(len(s) == 3 and min(s) >= 0 for s in seconds), (ffn.name, step)
+            uneven += len(set(step["peers"].values())) > 1
+            for rank, count in step["peers"].items():
+                counts_of_rank.setdefault(rank, []).append(count)
+    if any(len(p) > 1 for p in topology.peers):
+        assert uneven, "no step where an FFN rank's peers carried different token counts"
+    for k, host in enumerate(topology.ffn_hosts):
+        # FFN rank k hosted its group on its own address, and exactly the engines of its
+        # peers joined it there
+        assert f"hosting group {k} at {host}:" in ffns[k].log.read_text(errors="replace")
+        joined = [a for a in attentions if f"joining group {k} at {host}:" in _log(a)]
+        assert joined == [
+            a
+            for a, ranks in _engine_ranks(topology, attentions)
+            if set(ranks) & set(topology.peers[k])
+        ], [a.name for a in joined]
+    # one sequence per step and rank: a step of more than one token is a prefill, and each
+    # engine's prompts were prefilled by its ranks, so their step counts above one are
+    # exactly the prompt lengths
+    for attention, ranks in _engine_ranks(topology, attentions):
+        prefills = [c for r in ranks for c in counts_of_rank[r] if c > 1]
+        assert sorted(prefills) == sorted(baseline.prompt_lengths), attention.name
+
+    deployment = 0
+    for server in servers:
+        rss = probes.peak_rss_bytes(server)
+        memory[f"{topology.name}/{server.name}"] = (
+            rss,
+            probes.pss_bytes(server),
+        )
+        deployment += rss
+    assert 0 < deployment < MACHINE_BYTES, deployment
+
+
+def test_either_role_restarts_under_load_without_losing_a_request(deployed: Deployed) -> None:
     """FFN rank 0 killed under the first Attention engine's load and started again, then that
     Attention engine killed under load and started again (tests/e2e_cpu/restarts.py)."""
+    topology, launched, baseline = deployed.topology, deployed.launched, deployed.baseline
+    if not topology.restart:
+        pytest.skip(
+            f"{topology.name} cannot restart: an Attention engine's DP ranks send their steps to "
+            "different FFN ranks and decide a lost step together (its workers refuse "
+            "peer_restart_timeout_s: tests/cpu/test_peer_restart.py)"
+        )
     dp, tp = topology.attention_engines[0], topology.tp
     expected = dict(zip(PROMPTS, baseline.tokens, strict=True))
     attention, ffn = launched.attentions[0], launched.ffns[0]
@@ -379,121 +515,6 @@ def _restart_both_roles(topology: Topology, launched: Launched, baseline: Baseli
         ],
         tp=tp,
     )
-
-
-@pytest.fixture(scope="module")
-def memory(logs: Path) -> Iterator[dict[str, tuple[int, int]]]:
-    """Per engine: peak RSS (the sum of its processes' peaks) and PSS after serving, in bytes;
-    written to ``logs/engine_memory.json`` and printed (docs/testing.md quotes a run)."""
-    measured: dict[str, tuple[int, int]] = {}
-    yield measured
-    (logs / "engine_memory.json").write_text(json.dumps(measured, indent=1))
-    print("\nengine memory, MiB (peak RSS, PSS):")
-    for engine, (rss, pss) in measured.items():
-        print(f"  {engine}: {rss // 2**20}, {pss // 2**20}")
-
-
-@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda t: t.name)
-def test_topology_serves_baseline_tokens_with_aggregated_ffn_steps(
-    topology: Topology,
-    model: Path,
-    logs: Path,
-    baselines: dict[int, Baseline],
-    memory: dict[str, tuple[int, int]],
-) -> None:
-    # the baseline starts beside the deployment, the first time its TP size is needed
-    starting = None if topology.tp in baselines else _start_baseline(topology.tp, model, logs)
-    try:
-        launched = _launch(topology, model, logs)
-    finally:
-        if starting is not None:
-            baselines[topology.tp] = _baseline_of(starting)
-    baseline = baselines[topology.tp]
-    ffns, attentions = launched.ffns, launched.attentions
-    servers = ffns + attentions
-    try:
-        # steps before the requests: vLLM's profiling forward of each Attention rank
-        served_from = [len(probes.ffn_steps(ffn)[0]) for ffn in ffns]
-        with ThreadPoolExecutor(len(attentions)) as pool:
-            outputs = list(pool.map(_complete_all, attentions))
-        for attention, tokens in zip(attentions, outputs, strict=True):
-            assert tokens == baseline.tokens, attention.name
-
-        for ffn, peers in zip(ffns, topology.peers, strict=True):
-            # each TP lane's worker counts its own steps from each peer in /metrics (a series
-            # shared by the lanes would count them TP times): between the steps recorded
-            # before and after reading them, plus the one a lane may be serving (a DP dummy
-            # step may still be arriving; a step is counted when its header arrives and
-            # recorded once it is served)
-            before = [len(lane) for lane in probes.ffn_steps(ffn)]
-            counted = {
-                (lane, rank): probes.metric_value(
-                    ffn, "afd_steps_total", role="ffn", lane=str(lane), peer=f"attention{rank}"
-                )
-                for lane in range(topology.tp)
-                for rank in peers
-            }
-            after = [len(lane) for lane in probes.ffn_steps(ffn)]
-            for (lane, rank), steps in counted.items():
-                assert before[lane] <= steps <= after[lane] + 1, (ffn.name, lane, rank, steps)
-
-        counts_of_rank: dict[int, list[int]] = {}  # Attention rank -> its count in every step
-        uneven = 0
-        for ffn, peers, first in zip(ffns, topology.peers, served_from, strict=True):
-            lanes = probes.ffn_steps(ffn)
-            # FFN TP partners computed on identical tokens, each received on its own lane (a
-            # DP dummy step may still be running on one: compare the steps all have finished)
-            assert len(lanes) == topology.tp, ffn.name
-            done = min(len(lane) for lane in lanes)
-            same = [[_untimed(step) for step in lane[:done]] for lane in lanes]
-            assert all(lane == same[0] for lane in same), ffn.name
-            steps = [step for step in lanes[0] if step["step"] >= first]
-            assert len(steps) >= MAX_TOKENS, (ffn.name, len(steps))
-            for step in steps:
-                assert sorted(step["peers"]) == list(peers), (ffn.name, step)
-                total = sum(step["peers"].values())
-                assert step["tokens"] == total, (ffn.name, step)
-                assert step["rows"] and set(step["rows"]) == {total}, (ffn.name, step)
-                # an eager step times each layer: receiving, computing, sending
-                seconds = step["layer_seconds"]
-                assert len(seconds) == len(step["rows"]), (ffn.name, step)
-                assert all(len(s) == 3 and min(s) >= 0 for s in seconds), (ffn.name, step)
-                uneven += len(set(step["peers"].values())) > 1
-                for rank, count in step["peers"].items():
-                    counts_of_rank.setdefault(rank, []).append(count)
-        if any(len(p) > 1 for p in topology.peers):
-            assert uneven, "no step where an FFN rank's peers carried different token counts"
-        for k, host in enumerate(topology.ffn_hosts):
-            # FFN rank k hosted its group on its own address, and exactly the engines of its
-            # peers joined it there
-            assert f"hosting group {k} at {host}:" in ffns[k].log.read_text(errors="replace")
-            joined = [a for a in attentions if f"joining group {k} at {host}:" in _log(a)]
-            assert joined == [
-                a
-                for a, ranks in _engine_ranks(topology, attentions)
-                if set(ranks) & set(topology.peers[k])
-            ], [a.name for a in joined]
-        # one sequence per step and rank: a step of more than one token is a prefill, and each
-        # engine's prompts were prefilled by its ranks, so their step counts above one are
-        # exactly the prompt lengths
-        for attention, ranks in _engine_ranks(topology, attentions):
-            prefills = [c for r in ranks for c in counts_of_rank[r] if c > 1]
-            assert sorted(prefills) == sorted(baseline.prompt_lengths), attention.name
-
-        deployment = 0
-        for server in servers:
-            rss = probes.peak_rss_bytes(server)
-            memory[f"{topology.name}/{server.name}"] = (
-                rss,
-                probes.pss_bytes(server),
-            )
-            deployment += rss
-        assert 0 < deployment < MACHINE_BYTES, deployment
-        if topology.restart:
-            _restart_both_roles(topology, launched, baseline)
-    finally:
-        _stop(launched)
-    assert not any(serve.group_alive(s) for s in [*servers, *launched.restarted])
 
 
 def _untimed(step: dict[str, Any]) -> dict[str, Any]:
