@@ -115,6 +115,8 @@ def send(group: Group, sig: signal.Signals) -> bool:
         os.killpg(group.pgid, sig)
     except ProcessLookupError:
         return False
+    except PermissionError:  # the id was reused by another user's processes: ours are gone
+        return False
     return True
 
 

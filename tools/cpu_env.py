@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +355,32 @@ def _remove_superseded(current: Path) -> None:
             shutil.rmtree(sibling, ignore_errors=True)
 
 
+#: how long an editable install waits for another one into the same checkout (``nox -s tests``
+#: builds two envs at once, and pip writes the checkout's egg-info for each)
+INSTALL_LOCK_TIMEOUT_S = 600
+
+
+@contextlib.contextmanager
+def _checkout_locked(project: Path, timeout_s: float = INSTALL_LOCK_TIMEOUT_S) -> Iterator[None]:
+    """One editable install into ``project`` at a time, across processes."""
+    lock = project / ".afd-work" / "editable-install.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    with lock.open("w") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"another editable install into {project} held {lock} for over "
+                        f"{timeout_s:g} s"
+                    ) from None
+                time.sleep(1)
+        yield  # the lock ends with the file's closing
+
+
 def install_project(python: Path, project: Path) -> None:
     """Editable-install ``project`` unless the env already points at it."""
     probe = (
@@ -367,8 +396,9 @@ def install_project(python: Path, project: Path) -> None:
     ).stdout.strip()
     if current == project.resolve().as_uri():
         return
-    log(f"installing {project} into the env (editable)")
-    pip(python, "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project))
+    with _checkout_locked(project):
+        log(f"installing {project} into the env (editable)")
+        pip(python, "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project))
 
 
 def ensure(project: Path, *, vllm_version: str | None = None) -> Path:

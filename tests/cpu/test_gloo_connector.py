@@ -829,8 +829,9 @@ def _engine_config(path: str, quantization: str | None = None, **model: object) 
 
 
 def test_fingerprint_of_an_engine() -> None:
-    """The factory's fingerprint: the AFD config, the layers, the model's size and dtype, an
-    identity that ignores where the model was read from, and the installed version."""
+    """The connect step's fingerprint (``wiring.connect``): the AFD config, the layers, the
+    model's size and dtype, an identity that ignores where the model was read from, and the
+    installed version."""
     from afd_models.config import AFDConfigError, parse_afd_config
     from afd_models.wiring.connect import fingerprint, model_identity, project_version
 

@@ -41,8 +41,8 @@ ATTENTION_ARGS = (
 
 
 class Load:
-    """Requests sent one after another from a thread until stopped: each prompt's tokens, or the
-    error it got."""
+    """Requests sent one after another from a thread until stopped (at the latest when its
+    ``with`` block ends): each prompt's tokens, or the error it got."""
 
     def __init__(self, server: serve.Server, prompts: Sequence[str], max_tokens: int):
         self.server, self.prompts, self.max_tokens = server, prompts, max_tokens
@@ -62,7 +62,14 @@ class Load:
                 )
             except serve.ServerError as exc:
                 tokens = str(exc)
+                self._stop.wait(0.5)  # a dead engine fails at once: no busy loop
             self.results.append((prompt, tokens))
+
+    def __enter__(self) -> Load:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
     def wait_for(self, count: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -100,15 +107,15 @@ def restart_ffn_under_load(
     connections to the killed FFN engine) holds the step and runs it again, no request fails,
     every completion equals ``expected``, and each lane counts one reconnect. Returns the new
     FFN engine."""
-    load = Load(attention, list(expected), max_tokens)
-    load.wait_for(2, 120)
-    serve.kill_group(ffn)
-    time.sleep(3)  # the step in flight is held, the engine stays up and takes requests
-    assert serve.health(attention) == 200
-    ffn = relaunch()
-    wait_for_lines(attention, "running the step again", len(lanes), REQUEST_TIMEOUT_S)
-    load.wait_for(len(load.results) + 3, REQUEST_TIMEOUT_S)
-    results = load.stop()
+    with Load(attention, list(expected), max_tokens) as load:
+        load.wait_for(2, 120)
+        serve.kill_group(ffn)
+        time.sleep(3)  # the step in flight is held, the engine stays up and takes requests
+        assert serve.health(attention) == 200
+        ffn = relaunch()
+        wait_for_lines(attention, "running the step again", len(lanes), REQUEST_TIMEOUT_S)
+        load.wait_for(len(load.results) + 3, REQUEST_TIMEOUT_S)
+    results = load.results
     assert [r for r in results if r[1] != expected[r[0]]] == []
     for labels in lanes:
         assert probes.metric_value(attention, "afd_reconnects_total", **labels) == 1, labels
@@ -131,10 +138,10 @@ def restart_attention_under_load(
     ``expected``, and each of the FFN engine's lanes to it (``ffn_lanes``) counts one reconnect.
     Returns the new Attention engine."""
     serve.wait_ready([ffn], START_TIMEOUT_S)  # its API server comes up after it connected
-    load = Load(attention, list(expected), max_tokens)
-    load.wait_for(1, 120)
-    serve.kill_group(attention)
-    load.stop()  # the requests in flight were the dead engine's own
+    with Load(attention, list(expected), max_tokens) as load:
+        load.wait_for(1, 120)
+        serve.kill_group(attention)
+    # the requests in flight were the dead engine's own
     wait_for_lines(ffn, f"waiting up to {RESTART_S} s (peer_restart_timeout_s)", tp, 60)
     assert serve.health(ffn) == 200 and ffn.alive()
     attention = relaunch()

@@ -381,10 +381,13 @@ def deployed(
     starting = None if topology.tp in baselines else _start_baseline(topology.tp, model, logs)
     try:
         launched = _launch(topology, model, logs)
-    finally:
+    except BaseException:
+        if starting is not None:
+            serve.stop(starting)
+        raise
+    try:
         if starting is not None:
             baselines[topology.tp] = _baseline_of(starting)
-    try:
         yield Deployed(topology, launched, baselines[topology.tp])
     finally:
         _stop(launched)

@@ -314,7 +314,7 @@ def test_cam_async_attention_routes_dispatches_then_combines_per_layer(world_por
         ]
         with pytest.raises(AFDConnectionError, match="came without router logits"):
             connector.send(LAYERS[0], hidden, None)
-        # the CAM dispatch carries no token ids (the factory refuses such a model before)
+        # the CAM dispatch carries no token ids (the connect step refuses such a model before)
         connector.set_layers(LAYERS, token_id_layers=[LAYERS[0]])
         with pytest.raises(AFDConnectionError, match="came with token ids; the CAM dispatch"):
             connector.send(LAYERS[0], hidden, logits, token_ids=torch.arange(3))

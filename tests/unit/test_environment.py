@@ -263,3 +263,14 @@ def test_pip_output_stays_off_stdout(capfd: pytest.CaptureFixture[str]) -> None:
     out, err = capfd.readouterr()
     assert out == ""
     assert "(python 3." in err  # pip's own answer: "pip X from ... (python 3.11)"
+
+
+def test_editable_installs_into_one_checkout_wait_for_each_other(tmp_path: Path) -> None:
+    """Two envs built at once both install the checkout: the second waits for the first's lock,
+    and a lock held past the timeout is an error naming the checkout."""
+    with cpu_env._checkout_locked(tmp_path):
+        with pytest.raises(TimeoutError, match=f"into {tmp_path} held"):
+            with cpu_env._checkout_locked(tmp_path, timeout_s=1.5):
+                pass
+    with cpu_env._checkout_locked(tmp_path):  # released with the first
+        pass

@@ -215,6 +215,17 @@ def test_bundle_without_manifest_exits_3(
     assert "manifest.json" in err
 
 
+def test_a_json_path_it_cannot_write_exits_3_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--json`` in a missing directory (say ``"$OUT"`` unset) is refused at once, not after the
+    first run, whose report it would lose."""
+    missing = tmp_path / "no-such-dir" / "gpu-check.json"
+    code, err = _main(["--json", str(missing)], capsys, UNREACHABLE)
+    assert code == 3
+    assert f"--json {missing}:" in err and "allowed: a path in a writable directory" in err
+
+
 def test_no_vllm_and_no_bundle_exits_3_saying_what_to_pass(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -77,7 +77,8 @@ def _wait_for(condition: Any, group: supervisor.Group, timeout: float) -> None:
 def test_the_host_command_keeps_every_finished_mode_when_stopped(tmp_path: Path) -> None:
     """The doc's host command on a stand-in host: it refuses nothing, installs the parts with
     pip, runs full-decode-only with the gate on the FFN role first and writes the JSON report;
-    killed while the second mode (piecewise) runs, the report holds the first, finished."""
+    stopped (SIGTERM) while the second mode (piecewise) runs, the report holds the first,
+    finished, and the check stopped that mode's engine."""
     host = tmp_path / "host"
     parts = host / PARTS
     wheel = tiny_wheel(tmp_path / "wheels", "vllm", VLLM_VERSION, dict(FAKE_VLLM))
@@ -102,14 +103,17 @@ def test_the_host_command_keeps_every_finished_mode_when_stopped(tmp_path: Path)
         "FAKE_VLLM_PID": str(engine_pid),
     }
     group = start_block(doc_blocks()["host"], host, env)
+    engine_left: list[int] = []
     try:
         _wait_for(engine_pid.exists, group, 120)
         report = json.loads((out / "gpu-check.json").read_text())
     finally:
-        supervisor.kill(group)
-        if engine_pid.exists():  # the engine runs in a group of its own
+        supervisor.stop(group, 60)  # SIGTERM, as when the host's session ends
+        if engine_pid.exists():  # the engine runs in a group of its own, the check stops it
             engine = int(engine_pid.read_text())
+            engine_left = supervisor.members(engine)
             supervisor.kill(supervisor.attach("engine", engine, host / "block.log"))
+    assert engine_left == [], "the stopped check left its engine running"
     log = (host / "block.log").read_text()
     assert "parts verified" in log and "installing 1 wheels into" in log
     assert report["finished"] is False and report["deadline_s"] == 540

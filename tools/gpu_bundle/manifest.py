@@ -55,7 +55,8 @@ class WheelRole(str, enum.Enum):
 
     #: in vLLM's closure, not in torch's
     REQUIRED = "required"
-    #: in torch's closure too, at another version: pip takes it only where the host's copy fails vLLM
+    #: in torch's closure too, at another version: dropped, the host's copy serving, unless the
+    #: host's Python needs this one (``trim.PYTHON_312``)
     ALTERNATE = "alternate"
 
 

@@ -74,6 +74,8 @@ DROPPED_WHY = (
     "never imported by the check's engines: not in the import trace on vLLM's CPU build, not on "
     "vLLM's CUDA path for them (docs/gpu.md)"
 )
+#: measured for vLLM 0.26.0 (docs/gpu.md): every alternate but those of PYTHON_312 is wanted only
+#: by dropped distributions; a bundle whose install then fails names the missing distribution
 ALTERNATE_WHY = (
     "another version of a distribution the host has (torch's closure), wanted only by what is "
     "dropped: the host's copy serves"

@@ -3,5 +3,7 @@
 import sys
 
 from tools.gpu_check.cli import main
+from tools.harness.cli import exit_on_sigterm
 
+exit_on_sigterm()  # a check cut off from outside keeps its report and leaves no engine
 sys.exit(main())

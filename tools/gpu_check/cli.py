@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import tempfile
 import time
@@ -151,6 +152,14 @@ def options_from(args: argparse.Namespace) -> Options:
                 f"--deadline {args.deadline:g} leaves no time for the first run ({first.label()}: "
                 f"a native and an AFD engine, expected {least:.0f} s on an H100, after the install "
                 f"and the model); allowed: seconds >= {least:.0f}"
+            )
+    if args.json is not None:
+        parent = args.json.resolve().parent
+        if not (parent.is_dir() and os.access(parent, os.W_OK)):
+            # found now, not after the first run: its report would be lost
+            raise UsageError(
+                f"--json {args.json}: {parent} is not a writable directory; allowed: a path "
+                "in a writable directory"
             )
     if args.bundle is not None and not (args.bundle / "manifest.json").is_file():
         raise UsageError(

@@ -139,43 +139,48 @@ def run_nccl_pair(mode: Mode, gate: Gate, setup: Setup, native: EngineResult) ->
         CHILDREN,
     )
     ffn_group = ffn.start(run_env(setup, mode, setup.host.device_ids[1]), stdin=subprocess.PIPE)
-    attention_group = attention.start(run_env(setup, mode, setup.host.device_ids[0]))
-    ffn_process, attention_process = ffn_group.process, attention_group.process
-    assert ffn_process is not None and attention_process is not None
-    deadline = time.monotonic() + setup.engine_timeout_s
-    # until the Attention engine has its result, or one side died, or the deadline passed
-    while not attention.has_result() and time.monotonic() < deadline:
-        if attention_process.poll() is not None or ffn_process.poll() is not None:
-            break
-        time.sleep(0.5)
-    attention_timed_out = not attention.has_result() and time.monotonic() >= deadline
-    ffn_timed_out = False
-    if not attention.has_result():
-        # it died or timed out, or its FFN peer is gone; an FFN engine still waiting for it to
-        # connect would not read stdin
-        kill(attention_group)
-        ffn_timed_out = ffn_process.poll() is None and attention_timed_out
-        kill(ffn_group)
-    else:
-        # the FFN engine reads its steps and exits before the Attention engine does, which it
-        # would otherwise notice as a vanished peer
-        try:
-            if ffn_process.stdin is not None:
-                ffn_process.stdin.write(b"stop\n")
-                ffn_process.stdin.close()
-        except OSError:
-            pass
-        try:
-            ffn_process.wait(120)
-        except subprocess.TimeoutExpired:
-            ffn_timed_out = True
-        kill(ffn_group)
-    hold.touch()
+    attention_group = None
     try:
-        attention_process.wait(60)
-    except subprocess.TimeoutExpired:
-        pass
-    kill(attention_group)
+        attention_group = attention.start(run_env(setup, mode, setup.host.device_ids[0]))
+        ffn_process, attention_process = ffn_group.process, attention_group.process
+        assert ffn_process is not None and attention_process is not None
+        deadline = time.monotonic() + setup.engine_timeout_s
+        # until the Attention engine has its result, or one side died, or the deadline passed
+        while not attention.has_result() and time.monotonic() < deadline:
+            if attention_process.poll() is not None or ffn_process.poll() is not None:
+                break
+            time.sleep(0.5)
+        attention_timed_out = not attention.has_result() and time.monotonic() >= deadline
+        ffn_timed_out = False
+        if not attention.has_result():
+            # it died or timed out, or its FFN peer is gone; an FFN engine still waiting for it to
+            # connect would not read stdin
+            kill(attention_group)
+            ffn_timed_out = ffn_process.poll() is None and attention_timed_out
+            kill(ffn_group)
+        else:
+            # the FFN engine reads its steps and exits before the Attention engine does, which it
+            # would otherwise notice as a vanished peer
+            try:
+                if ffn_process.stdin is not None:
+                    ffn_process.stdin.write(b"stop\n")
+                    ffn_process.stdin.close()
+            except OSError:
+                pass
+            try:
+                ffn_process.wait(120)
+            except subprocess.TimeoutExpired:
+                ffn_timed_out = True
+            kill(ffn_group)
+        hold.touch()
+        try:
+            attention_process.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:  # also when the check itself is stopped: no engine keeps a device
+        kill(ffn_group)
+        if attention_group is not None:
+            kill(attention_group)
     ffn_result = ffn.result(ffn_timed_out and not ffn.has_result())
     attention_result = attention.result(attention_timed_out)
     return evaluate_pair(mode, gate, NCCL, attention_result, native, ffn=ffn_result)

@@ -6,6 +6,7 @@ atomic JSON report. No tool has review-only findings (1)."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import traceback
@@ -23,6 +24,16 @@ class UsageError(Exception):
 def log(tag: str, message: str) -> None:
     """A progress line on stderr: ``[tag HH:MM:SS] message``."""
     print(f"[{tag} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the command as Ctrl-C does, by an exception, so that every ``finally`` runs
+    and stops the engines it started (Python's default would end it at once and leave them)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def guarded(prog: str, run: Callable[[], int]) -> int:

@@ -175,5 +175,6 @@ def run_engine(
         group.process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-    kill(group)
+    finally:  # also when the command itself is stopped: no engine is left holding a device
+        kill(group)
     return engine.result(timed_out and not engine.has_result())
