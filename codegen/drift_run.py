@@ -43,6 +43,8 @@ from codegen.sources import Pin, load_pins, locate, paired
 
 #: the package of the generated classes, whose symbols name the upstream package after it
 GENERATED_PREFIX = "afd_models._generated."
+#: findings on the model registry, whose symbols are architectures, not modules
+REGISTRY_KINDS = frozenset({Kind.DRIFT_REGISTRY, Kind.DRIFT_PLATFORM_PICK})
 #: how reports name each pinned package
 DISPLAY_NAMES = {"vllm": "vLLM", "vllm_ascend": "vLLM-Ascend"}
 
@@ -186,12 +188,16 @@ def run_drift(
 def judged_finding(finding: Finding, lock: Lock | None, packages: Collection[str]) -> bool:
     """Whether ``finding`` is about a package judged against the new release: its symbol's
     package (a generated class's, the upstream one it was generated from), or for an upstream
-    symbol that only generated classes of other packages use, theirs."""
+    symbol that only generated classes of other packages use, theirs. A finding on vLLM's model
+    registry (an architecture AFD registers: its symbol names no module) is the drifted
+    package's own, always judged."""
 
     def package(name: str) -> str:
         return name.removeprefix(GENERATED_PREFIX).split(".", 1)[0]
 
     symbol = finding.symbol.partition("#")[0]
+    if finding.kind in REGISTRY_KINDS:
+        return True
     if package(symbol) not in packages:
         return False
     entry = lock.symbols.get(symbol) if lock is not None else None

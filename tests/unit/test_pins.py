@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from codegen.drift_run import judged_finding
+from codegen.findings import Finding, Kind, Severity
 from codegen.sources import (
     Distribution,
     Pin,
@@ -188,3 +190,23 @@ def test_audit_apply_keeps_any_list_layout_valid(tmp_path: Path, layout: str) ->
     assert load_pins(path)["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
     support(path, "0.26.0")  # the primary: nothing to add
     assert load_pins(path)["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
+
+
+@pytest.mark.parametrize(
+    ("kind", "symbol", "judged"),
+    [
+        # an architecture of vLLM's model registry names no module: the drifted package's own
+        (Kind.DRIFT_PLATFORM_PICK, "DeepseekV32ForCausalLM", True),
+        (Kind.DRIFT_REGISTRY, "DeepseekV4ForCausalLM", True),
+        (Kind.DRIFT_REMOVED, "vllm.v1.outputs:ModelRunnerOutput", True),
+        (Kind.DRIFT_BASES, "afd_models._generated.vllm_ascend.platform:AFDNPUPlatform", False),
+        (Kind.DRIFT_REMOVED, "vllm_ascend.worker.model_runner_v1:NPUModelRunner", False),
+    ],
+)
+def test_only_findings_of_an_unpaired_package_are_left_out(
+    kind: Kind, symbol: str, judged: bool
+) -> None:
+    """Against a vLLM release vLLM-Ascend is not made for, the findings about vLLM-Ascend's code
+    are left out, and nothing else: vLLM's symbols and its registry's architectures stay."""
+    finding = Finding(kind, Severity.BLOCK, symbol, "changed")
+    assert judged_finding(finding, None, {"vllm"}) is judged
