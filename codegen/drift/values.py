@@ -80,7 +80,7 @@ def _supports(kind: type, operation: str) -> bool:
     return hasattr(kind, operation.removeprefix(".").removesuffix("()"))
 
 
-def _judged(old: type, new: type | None, operation: str) -> Severity:
+def operation_severity(old: type, new: type | None, operation: str) -> Severity:
     """What a changed type means for one operation AFD does on the value."""
     if new is None:
         return Severity.REVIEW  # no container any more, or one this check does not know
@@ -109,7 +109,9 @@ def type_findings(
     if before is None or not operated or recorded.type == current.type:
         return
     after = container(current.type)
-    judged = [(s, op, _judged(before, after, op)) for s in operated for op in s.operations]
+    judged = [
+        (s, op, operation_severity(before, after, op)) for s in operated for op in s.operations
+    ]
     site, operation, severity = max(judged, key=lambda j: j[2].rank)
     ref = SymbolRef.parse(key)
     where = places.location(site, ref)

@@ -17,6 +17,7 @@ from codegen.drift.compare import compare
 from codegen.drift.features import feature_findings, fold
 from codegen.drift.ours import locate_ours
 from codegen.drift.sides import Side
+from codegen.drift.values import operation_severity
 from codegen.findings import Finding, Severity
 from codegen.index import UpstreamIndex
 from codegen.lock import Lock, Place, SiteKind, SymbolKind, render_lock
@@ -381,3 +382,21 @@ def test_a_deleted_module_is_one_finding_naming_the_feature(tmp_path: Path) -> N
     folded = [f for f in findings if f.folded_under == "vllm.sched"]
     assert {f.symbol for f in folded} >= {"vllm.sched:Scheduler", "vllm.sched:Scheduler.update"}
     assert all(f.folded_under is None for f in findings if f.symbol.startswith("vllm.envs"))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "operation", "severity"),
+    [
+        (set, dict, ".add()", Severity.BLOCK),  # the new type has no such method
+        (set, dict, ".update()", Severity.BLOCK),  # the same name, another meaning
+        (dict, list, "[]", Severity.BLOCK),  # an index by key becomes one by position
+        (set, dict, "iter", Severity.REVIEW),  # a dict iterates its keys
+        (set, frozenset, "iter", Severity.REVIEW),  # the same family
+        (list, None, "[]", Severity.REVIEW),  # no container this check knows
+    ],
+)
+def test_a_changed_type_is_judged_per_operation(
+    old: type, new: type | None, operation: str, severity: Severity
+) -> None:
+    """What a container that became another means for each thing AFD does with it."""
+    assert operation_severity(old, new, operation) is severity
