@@ -21,7 +21,7 @@ from pathlib import Path
 from afd_models.commandline import ExitCode
 from afd_models.release_order import release_key
 from codegen.drift.features import fold
-from codegen.drift_run import drift_markdown, judged_finding, run_drift
+from codegen.drift_run import DriftRun, drift_markdown, judged_finding, run_drift
 from codegen.findings import Finding, Kind, Severity, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, write_lock, write_output
@@ -97,11 +97,13 @@ def run_audit(
     out: Path | None = None,
     apply: bool = False,
     progress: Callable[[str], None] = lambda _: None,
+    drift: DriftRun | None = None,
 ) -> ExitCode:
     """Write ``audit.md`` and ``audit.json`` into ``out`` (default ``.afd-work/audit/<to>``);
-    with ``apply``, also support the release and write its lock when nothing blocks. Returns the
-    exit code."""
-    run = run_drift(
+    with ``apply``, also support the release and write its lock when nothing blocks. ``drift``:
+    the drift run of this very comparison, when the caller made it already. Returns the exit
+    code."""
+    run = drift or run_drift(
         repo_root, to_version, from_version=from_version, to_root=to_root, progress=progress
     )
     progress(f"dry-run regeneration against vllm {run.new_version}")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.cli import main
+from afd_models.commandline import ExitCode
+from codegen.audit import run_audit
 from codegen.drift_run import DriftRun, drift_markdown, run_drift
 from codegen.fetch import cache_root
 from codegen.findings import Finding, Severity
@@ -102,11 +103,11 @@ def test_the_removal_of_model_runner_v1_is_one_finding_first(cliff: DriftRun) ->
     ]
 
 
-def test_the_audits_work_list_opens_with_it(tmp_path: Path) -> None:
+def test_the_audits_work_list_opens_with_it(cliff: DriftRun, tmp_path: Path) -> None:
     """The audit's work list starts with the removal, the findings it explains beneath it (not
     again as items of their own); the dry run's advice for a parameter upstream added is to add
     the parameter, not an import."""
-    assert main(["audit", "--to", "0.34.0", "--out", str(tmp_path)]) == 2
+    assert run_audit(REPO, "0.34.0", out=tmp_path, drift=cliff) == ExitCode.BLOCK
     text = (tmp_path / "audit.md").read_text()
     items = text.split("## Work list\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert items[0].startswith(f"- [ ] **block** `DRF080` {V1}: Model Runner V1 is gone")
