@@ -14,9 +14,12 @@ step once an FFN engine is connected again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.outputs import ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
 
 
 @dataclass
@@ -25,7 +28,7 @@ class FailedStepOutput(ModelRunnerOutput):
     worker logged why)."""
 
 
-def failed_step_output(scheduler_output: Any) -> FailedStepOutput:
+def failed_step_output(scheduler_output: SchedulerOutput) -> FailedStepOutput:
     """The failed output of the step ``scheduler_output`` scheduled."""
     req_ids = list(scheduler_output.num_scheduled_tokens)
     return FailedStepOutput(

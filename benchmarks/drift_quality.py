@@ -6,7 +6,9 @@ python benchmarks/drift_quality.py [--count 120] [--seed 2026]
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from _results import write_section
 from mutations import run, summarize
 
 from afd_models.release_order import release_key
+from codegen.audit import run_audit
 from codegen.drift_run import run_drift
 from codegen.findings import Finding, Severity
 from codegen.report import counts
@@ -25,16 +28,45 @@ REPORTS = REPO / "docs" / "reports"
 READING_ROW = re.compile(
     r"^\| \d+ \| (?:block|review) \| `(DRF\d+)` \| `([^`]+)` \| ([TtF]) \|", re.M
 )
-#: the newest vLLM release, outside the supported window (move it on when the window grows)
-NEXT_RELEASE = "0.33.0"
+#: the vLLM releases after the supported window (move them on when the window grows)
+NEXT_RELEASES = ("0.33.0", "0.34.0")
+#: how many lines of each audit's work list the section shows
+WORK_LIST_LINES = 3
 
 
 def real_upgrades() -> list[tuple[str, str]]:
-    """Each supported vLLM release to the next one, and the newest to :data:`NEXT_RELEASE`: the
-    upgrades the overlay made or faces, each from the release it already handled."""
+    """Each supported vLLM release to the next one, and the newest to each of
+    :data:`NEXT_RELEASES`: the upgrades the overlay made or faces, each from the release it
+    already handled."""
     pin = load_pins(REPO / "overlay" / "pins.toml")["vllm"]
     supported = sorted(pin.supported, key=release_key)
-    return list(zip(supported, [*supported[1:], NEXT_RELEASE], strict=True))
+    return [
+        *itertools.pairwise(supported),
+        *((supported[-1], release) for release in NEXT_RELEASES),
+    ]
+
+
+#: how the work-list heads shorten the package of generated classes: a class generated only for
+#: a release after the window does not import here, and docs/*.md's dotted paths must
+#: (``codegen check``, PTH001)
+GENERATED_SHORT = ("afd_models._generated.", "_generated.")
+
+
+def work_list_heads() -> list[str]:
+    """The first lines of the audit of each release after the window (its default base), as
+    a maintainer reads them first (generated classes as ``_generated.module:Class``)."""
+    lines = []
+    for release in NEXT_RELEASES:
+        with tempfile.TemporaryDirectory(prefix="afd-audit-") as out:
+            run_audit(REPO, release, out=Path(out))
+            text = (Path(out) / "audit.md").read_text()
+        items = text.split("## Work list\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        heads = [
+            line[:400].replace(*GENERATED_SHORT) + (" ..." if len(line) > 400 else "")
+            for line in items[:WORK_LIST_LINES]
+        ]
+        lines += [f"`python -m codegen audit --to {release}`:", "", "```", *heads, "```", ""]
+    return lines
 
 
 def false_share(old: str, new: str, findings: list[Finding]) -> str:
@@ -73,6 +105,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args()
     rows = upgrade_rows()
+    heads = work_list_heads()
     started = time.monotonic()
     report = summarize(run(args.count, args.seed))
     report["seconds"] = time.monotonic() - started
@@ -93,6 +126,8 @@ def main() -> None:
         "change and told nothing new):\n\n"
         "| upgrade | findings | block | review | info | false alarms | seconds |\n"
         "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+        "The first lines of each audit's work list (what a maintainer does first; "
+        "`_generated.` is `afd_models._generated.`):\n\n" + "\n".join(heads) + "\n"
         f"Mutation testing (`python benchmarks/mutations.py --count {args.count} --seed {args.seed}`, "
         f"{report['seconds']:.0f} s): **{report['score']:.1%}** correct. A mutation of a symbol the "
         "lock records counts as detected only if drift reports the code that names the break "

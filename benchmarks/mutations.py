@@ -23,7 +23,21 @@ change_base         DRF041
 rename_keyword      DRF023: a parameter AFD's code passes by keyword renamed
 require_param       DRF023: a class AFD's code constructs gains a required keyword-only parameter
 rename_attribute    DRF001: an attribute AFD's code reads (``self.x = ...`` upstream) renamed
+rename_env          DRF024: an environment variable AFD reads or sets renamed in its table
+change_type         DRF025: an attribute AFD calls a method on, indexes or iterates becomes
+                    another container (a set a dict, a dict a list)
+drop_field          DRF023: a field AFD passes to a field-built class (``@dataclass``,
+                    ``NamedTuple``) it constructs removed
+add_field           DRF023: such a class gains a required field
+change_selection    DRF072: a selection rule (``contract(selects=...)``) no longer holds
+delete_module       DRF080: a module a generated class derives from, the overlay mirrors or the
+                    runtime imports deleted
+registry_param      DRF023: a class AFD builds through ``generated_subclass(...)`` gains a
+                    required keyword-only parameter
 ==================  ==========================================================================
+
+The new kinds draw at sites the issue that introduced them does not name (:data:`ISSUE_SITES`),
+so that they show the checker, not its examples.
 
 The signature, body and attribute operators also edit functions and methods that the lock does
 not record, in the upstream files it tracks; those must get no finding at all. The score is the share of
@@ -58,13 +72,36 @@ from codegen.lock import (
     SymbolKind,
     SymbolUse,
 )
-from codegen.model import MemberKind
+from codegen.model import MemberKind, SymbolRef
 from codegen.pattern import parse_pattern
 from codegen.pipeline import Context, generate, open_context
+from codegen.upstream_values import builds_fields
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+#: the uses issue 55 names as its examples: its operators draw elsewhere
+ISSUE_SITES = frozenset(
+    {
+        "vllm.envs:VLLM_USE_V2_MODEL_RUNNER",
+        "vllm.v1.core.sched.scheduler:Scheduler.grammar_compile_error_reqs",
+        "vllm.v1.outputs:ModelRunnerOutput",
+        "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
+        "vllm.v1.worker.gpu_model_runner",
+        "vllm.v1.worker.cpu_model_runner",
+        "vllm.v1.worker.gpu_ubatch_wrapper",
+        "vllm.v1.worker.gpu_input_batch",
+    }
+)
+#: a container of another family for each, as ``change_type`` rewrites an annotation and value
+_OTHER_CONTAINER = {
+    "set": ("dict[str, object]", "{}"),
+    "frozenset": ("dict[str, object]", "{}"),
+    "dict": ("list[object]", "[]"),
+    "list": ("dict[str, object]", "{}"),
+    "tuple": ("dict[str, object]", "{}"),
+}
 
 
 @dataclass(frozen=True)
@@ -84,6 +121,8 @@ class Mutation:
     start: int
     stop: int
     lines: tuple[str, ...]
+    #: the whole file is deleted instead (``delete_module``)
+    deletes: bool = False
 
     @property
     def used(self) -> bool:
@@ -260,7 +299,8 @@ class Mutator:
             if mutation is None:
                 continue
             try:
-                ast.parse(mutation.apply(self.text(mutation.path)))
+                if not mutation.deletes:
+                    ast.parse(mutation.apply(self.text(mutation.path)))
             except SyntaxError:
                 continue
             return mutation
@@ -437,7 +477,9 @@ class Mutator:
         AFD's configurations (which runner it builds, the CPU KV block size)."""
         return self._contract_mutation("change_rule", outside=True)
 
-    def _contract_mutation(self, operator: str, outside: bool) -> Mutation | None:
+    def _contract_mutation(
+        self, operator: str, outside: bool, selection: bool = False
+    ) -> Mutation | None:
         contracts = {}
         for entry in self.lock.classes.values():
             for method, stated in entry.relies_on.items():
@@ -446,8 +488,10 @@ class Mutator:
                 key = relied_ref(entry, method)
                 if key is None or not _in_vllm(self.lock.symbols[key]):
                     continue
+                if selection and key in ISSUE_SITES:
+                    continue
                 for contract_id, recorded in stated.items():
-                    if recorded.lines:
+                    if recorded.lines and (recorded.selects is not None) == selection:
                         contracts[f"{key}#{contract_id}"] = (key, recorded)
         if not contracts:
             return None
@@ -461,7 +505,7 @@ class Mutator:
         start, stop = span
         # a contract declared to hold in several places still holds in the others
         elsewhere = any(not start <= other <= stop for other in recorded.lines)
-        expected = "DRF071" if elsewhere else "DRF070"
+        expected = "DRF071" if elsewhere else ("DRF072" if selection else "DRF070")
         indent = _indent(self._lines(path)[start - 1])
         return Mutation(operator, symbol, path, expected, start, stop, (f"{indent}pass",))
 
@@ -561,17 +605,22 @@ class Mutator:
         init = next((n for n in cls.body if isinstance(n, Function) and n.name == "__init__"), None)
         return None if init is None else (file, init)
 
-    def _unread_attributes(self) -> Iterator[tuple[str, str, int, str]]:
-        """``self.x = ...`` lines in methods the lock does not record, of attributes it does not
-        record either (key, file, line, attribute)."""
+    def _unread_attributes(self, annotated: bool = False) -> Iterator[tuple[str, str, int, str]]:
+        """``self.x = ...`` lines (``annotated``: ``self.x: T = ...``) in methods the lock does
+        not record, of attributes it does not record either (key, file, line, attribute)."""
         for key, path, node in self.unrecorded:
             owner = key.rpartition(".")[0]
             if ":" not in owner:
                 continue  # a module function
             for statement in ast.walk(node):
-                if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+                if annotated and isinstance(statement, ast.AnnAssign):
+                    target = statement.target
+                elif not annotated and isinstance(statement, ast.Assign):
+                    if len(statement.targets) != 1:
+                        continue
+                    target = statement.targets[0]
+                else:
                     continue
-                target = statement.targets[0]
                 if (
                     isinstance(target, ast.Attribute)
                     and isinstance(target.value, ast.Name)
@@ -610,6 +659,211 @@ class Mutator:
             return None  # only a plain ``self.x = ...`` line
         new = text.replace(target, f"self.{name}_renamed ", 1)
         return Mutation("rename_attribute", key, path, expected, line, line, (new,))
+
+    # --- operators on the values AFD's code uses (issue 55) ---------------------------------
+
+    def _recorded(self, kinds: tuple[SymbolKind, ...]) -> list[tuple[str, SymbolEntry]]:
+        """Recorded vLLM symbols of ``kinds``, those the issue names left out."""
+        return [
+            (key, entry)
+            for key, entry in sorted(self.lock.symbols.items())
+            if entry.kind in kinds and _in_vllm(entry) and key not in ISSUE_SITES
+        ]
+
+    def _rename_env(self, used: bool) -> Mutation | None:
+        """Rename a variable in its module's environment table (unrecorded: one AFD never uses)."""
+        path = "vllm/envs.py"
+        info = ast.parse(self.text(path))
+        table = next(
+            (
+                node.value
+                for node in info.body
+                if isinstance(node, ast.Assign | ast.AnnAssign)
+                and isinstance(node.value, ast.Dict)
+                and ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+                == "environment_variables"
+            ),
+            None,
+        )
+        if table is None:
+            return None
+        keys = {k.value: k.lineno for k in table.keys if isinstance(k, ast.Constant)}
+        recorded = {
+            key.split(":")[1] for key, _ in self._recorded((SymbolKind.ENVIRONMENT_VARIABLE,))
+        }
+        names = sorted(
+            recorded & keys.keys()
+            if used
+            else keys.keys()
+            - recorded
+            - {k.split(":")[1] for k in self.lock.symbols if k.startswith("vllm.envs:")}
+        )
+        if not names:
+            return None
+        name = self.rng.choice(names)
+        line = keys[name]
+        text = self._lines(path)[line - 1]
+        if text.count(f'"{name}"') != 1:
+            return None
+        new = text.replace(f'"{name}"', f'"{name}_RENAMED"')
+        expected = "DRF024" if used else None
+        return Mutation("rename_env", f"vllm.envs:{name}", path, expected, line, line, (new,))
+
+    def _change_type(self, used: bool) -> Mutation | None:
+        """Make an attribute AFD calls a method on, indexes or iterates a container of another
+        family (unrecorded: an annotated ``self.x: set[...] = ...`` of a method the lock does
+        not record)."""
+        if used:
+            candidates = [
+                (key, entry.description.file or "", entry.description.line or 0)
+                for key, entry in self._recorded(
+                    (SymbolKind.INSTANCE_ATTRIBUTE, SymbolKind.CLASS_ATTRIBUTE)
+                )
+                if any(s.operations for s in entry.sites)
+            ]
+        else:
+            candidates = [
+                (f"{key.rpartition('.')[0]}.{attribute}", path, line)
+                for key, path, line, attribute in self._unread_attributes(annotated=True)
+            ]
+        if not candidates:
+            return None
+        key, path, line = self.rng.choice(candidates)
+        node = next(
+            (
+                n
+                for n in ast.walk(ast.parse(self.text(path)))
+                if isinstance(n, ast.AnnAssign) and n.lineno == line and n.end_lineno == line
+            ),
+            None,
+        )
+        outer = ast.unparse(node.annotation).split("[")[0] if node is not None else ""
+        if node is None or outer not in _OTHER_CONTAINER:
+            return None
+        annotation, value = _OTHER_CONTAINER[outer]
+        text = self._lines(path)[line - 1]
+        target = ast.unparse(node.target)
+        new = f"{_indent(text)}{target}: {annotation}" + (f" = {value}" if node.value else "")
+        expected = "DRF025" if used else None
+        return Mutation("change_type", key, path, expected, line, line, (new,))
+
+    def _field_built(self, used: bool) -> list[tuple[str, str, ast.ClassDef, tuple[str, ...]]]:
+        """Field-built classes of vLLM: (key, file, node, the keywords AFD's code passes when
+        it constructs one); unrecorded: classes of tracked files the lock does not record."""
+        found = []
+        if used:
+            for key, entry in self._recorded((SymbolKind.CLASS,)):
+                passed = {k for s in entry.sites if s.how is SiteKind.CONSTRUCT for k in s.keywords}
+                if entry.description.init is None and entry.description.init_signature and passed:
+                    path = entry.description.file or ""
+                    node = self._class(path, entry.description.line or 0)
+                    found.append((key, path, node, tuple(sorted(passed))))
+            return found
+        for path in sorted(self.lock.upstream["vllm"].files):
+            for node in ast.parse(self.text(path)).body:
+                key = f"{_module(path)}:{getattr(node, 'name', '')}"
+                if (
+                    isinstance(node, ast.ClassDef)
+                    and builds_fields(node)
+                    and key not in self.lock.symbols
+                ):
+                    found.append((key, path, node, ()))
+        return found
+
+    def _drop_field(self, used: bool) -> Mutation | None:
+        """Remove a field AFD passes by keyword (unrecorded: any field of a class AFD never uses)."""
+        candidates = self._field_built(used)
+        if not candidates:
+            return None
+        key, path, node, passed = self.rng.choice(candidates)
+        fields = [
+            s
+            for s in node.body
+            if isinstance(s, ast.AnnAssign)
+            and isinstance(s.target, ast.Name)
+            and (not used or s.target.id in passed)
+            and s.lineno == s.end_lineno
+        ]
+        if not fields:
+            return None
+        field = self.rng.choice(fields)
+        expected = "DRF023" if used else None
+        return Mutation("drop_field", key, path, expected, field.lineno, field.lineno, ())
+
+    def _add_field(self, used: bool) -> Mutation | None:
+        """Give a field-built class AFD constructs a first, required field."""
+        candidates = self._field_built(True)
+        if not candidates:
+            return None
+        key, path, node, _ = self.rng.choice(candidates)
+        first = next((s for s in node.body if isinstance(s, ast.AnnAssign)), None)
+        if first is None:
+            return None
+        indent = _indent(self._lines(path)[first.lineno - 1])
+        line = (f"{indent}afd_required: int",)
+        return Mutation("add_field", key, path, "DRF023", first.lineno, first.lineno - 1, line)
+
+    def _change_selection(self, used: bool) -> Mutation | None:
+        """Break a selection rule's pattern where it matched (the rule changes)."""
+        return self._contract_mutation("change_selection", outside=False, selection=True)
+
+    def _delete_module(self, used: bool) -> Mutation | None:
+        """Delete a module AFD stands on (unrecorded: one no tracked file imports)."""
+        tracked = self.lock.upstream["vllm"].files
+        if used:
+            modules = {
+                SymbolRef.parse(cls).module
+                for entry in self.lock.classes.values()
+                for cls in entry.base_mro
+            } | {
+                SymbolRef.parse(key).module
+                for key, entry in self.lock.symbols.items()
+                if SymbolUse.IMPORTED_BY_RUNTIME in entry.uses
+            }
+            paths = sorted(
+                p
+                for p in tracked
+                if _module(p) in modules
+                and not p.endswith("__init__.py")
+                and _module(p) not in ISSUE_SITES
+            )
+        else:
+            texts = "\n".join(self.text(p) for p in tracked)
+            paths = sorted(
+                p.relative_to(self.root).as_posix()
+                for p in (self.root / "vllm").rglob("*.py")
+                if p.name != "__init__.py"
+                and p.relative_to(self.root).as_posix() not in tracked
+                and _module(p.relative_to(self.root).as_posix()).rpartition(".")[2] not in texts
+            )
+        if not paths:
+            return None
+        path = self.rng.choice(paths)
+        expected = "DRF080" if used else None
+        return Mutation("delete_module", _module(path), path, expected, 1, 0, (), deletes=True)
+
+    def _registry_param(self, used: bool) -> Mutation | None:
+        """Give a class AFD builds through ``generated_subclass(...)`` a required keyword-only
+        parameter."""
+        built = [
+            (key, entry)
+            for key, entry in self._recorded((SymbolKind.CLASS,))
+            if any(s.via.startswith("generated_subclass:") and not s.unpacked for s in entry.sites)
+        ]
+        if not built:
+            return None
+        key, entry = self.rng.choice(built)
+        found = self._callable(key, entry, SiteKind.CONSTRUCT)
+        if found is None:
+            return None
+        path, node = found
+
+        def require(args: ast.arguments) -> bool:
+            args.kwonlyargs.append(ast.arg("afd_required"))
+            args.kw_defaults.append(None)
+            return True
+
+        return self._header("registry_param", key, path, "DRF023", node, require)
 
     # --- class operators ------------------------------------------------------------
 
@@ -675,6 +929,13 @@ OPERATORS = (
     "rename_keyword",
     "require_param",
     "rename_attribute",
+    "rename_env",
+    "change_type",
+    "drop_field",
+    "add_field",
+    "change_selection",
+    "delete_module",
+    "registry_param",
 )
 #: operators that also make sense on symbols the lock does not record (expected: no finding)
 UNUSED_OPERATORS = (
@@ -684,6 +945,10 @@ UNUSED_OPERATORS = (
     "change_body",
     "require_param",
     "rename_attribute",
+    "rename_env",
+    "change_type",
+    "drop_field",
+    "delete_module",
 )
 
 
@@ -701,7 +966,8 @@ def apply(mutation: Mutation, source_root: Path, work: Path) -> Path:
     target = tree / mutation.path
     text = mutation.apply(target.read_text())
     target.unlink()
-    target.write_text(text)
+    if not mutation.deletes:
+        target.write_text(text)
     return tree
 
 

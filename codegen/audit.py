@@ -20,7 +20,8 @@ from pathlib import Path
 
 from afd_models.commandline import ExitCode
 from afd_models.release_order import release_key
-from codegen.drift_run import drift_markdown, run_drift
+from codegen.drift.features import fold
+from codegen.drift_run import DriftRun, drift_markdown, judged_finding, run_drift
 from codegen.findings import Finding, Kind, Severity, exit_code, summary
 from codegen.generate import PINS_PATH
 from codegen.pipeline import generate, open_context, write_lock, write_output
@@ -43,20 +44,34 @@ def generated_diff(old: dict[str, str], new: dict[str, str]) -> list[str]:
 
 
 def work_list(findings: list[Finding]) -> list[str]:
+    """The block and review findings as a checklist: what the release takes away first (each
+    with the findings that follow from it beneath it), then the rest by severity."""
     items = []
     for finding in ordered(findings):
-        if finding.severity is Severity.INFO:
+        if finding.severity is Severity.INFO or finding.folded_under:
             continue
-        # where to edit (ours), then where upstream it changed
-        places = (finding.ours, finding.target or finding.upstream)
-        where = ", ".join(f"`{place}`" for place in places if place)
-        items.append(
-            f"- [ ] **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}"
-            + (f" ({where})" if where else "")
-        )
+        items.append(_item(finding, "- [ ]"))
         if finding.kind is Kind.DRIFT_RENAMED:  # the call sites and their re-anchored edits
             items.extend(f"    - `{line.strip()}`" for line in finding.details)
+        under = [f for f in ordered(findings) if f.folded_under == finding.symbol]
+        alarms = [f for f in under if f.severity is not Severity.INFO]
+        if under:
+            items.append(
+                f"    - {len(under)} finding(s) follow from it, {len(alarms)} of them block or "
+                "review (fixed with it):"
+            )
+            items.extend(_item(f, "        -") for f in alarms)
     return items
+
+
+def _item(finding: Finding, bullet: str) -> str:
+    # where to edit (ours, the overlay declaration beside it), then where upstream it changed
+    places = (finding.ours, finding.declared, finding.target or finding.upstream)
+    where = ", ".join(f"`{place}`" for place in places if place)
+    return (
+        f"{bullet} **{finding.severity.value}** `{finding.code}` {finding.symbol}: {finding.message}"
+        + (f" ({where})" if where else "")
+    )
 
 
 def uncovered(regeneration: list[Finding], drift: list[Finding]) -> list[Finding]:
@@ -82,11 +97,13 @@ def run_audit(
     out: Path | None = None,
     apply: bool = False,
     progress: Callable[[str], None] = lambda _: None,
+    drift: DriftRun | None = None,
 ) -> ExitCode:
     """Write ``audit.md`` and ``audit.json`` into ``out`` (default ``.afd-work/audit/<to>``);
-    with ``apply``, also support the release and write its lock when nothing blocks. Returns the
-    exit code."""
-    run = run_drift(
+    with ``apply``, also support the release and write its lock when nothing blocks. ``drift``:
+    the drift run of this very comparison, when the caller made it already. Returns the exit
+    code."""
+    run = drift or run_drift(
         repo_root, to_version, from_version=from_version, to_root=to_root, progress=progress
     )
     progress(f"dry-run regeneration against vllm {run.new_version}")
@@ -101,6 +118,17 @@ def run_audit(
         [f"... {len(diff) - GENERATED_DIFF_LINES} more lines"]
         if len(diff) > GENERATED_DIFF_LINES
         else []
+    )
+    # what the dry run adds to drift, of the packages judged against the new release, folded
+    # under the loss that explains it
+    extra = fold(
+        [
+            f
+            for f in uncovered(dry.findings, run.findings)
+            if judged_finding(f, run.lock, run.judged)
+        ],
+        run.lock,
+        [f for f in run.findings if f.kind is Kind.DRIFT_FEATURE_REMOVED],
     )
     out = out or repo_root / ".afd-work" / "audit" / run.new_version
     out.mkdir(parents=True, exist_ok=True)
@@ -126,7 +154,7 @@ def run_audit(
         "## Work list",
         "",
         *(
-            work_list(run.findings + uncovered(dry.findings, run.findings))
+            work_list(run.findings + extra)
             or ["Nothing to do by hand: add it to the supported releases (`--apply`)."]
         ),
         "",

@@ -1,13 +1,9 @@
-"""Where AFD's hand-written code uses upstream members, and how: the calls, constructions,
-attribute reads and writes of override and extend bodies, of fork edits' code and of the runtime
-(``afd_models/``). The lock records each as a :class:`~codegen.lock.Site` of the symbol, at its
-file and enclosing function (:class:`~codegen.lock.Place`, :mod:`codegen.places`), so drift can
-tell whether a new release still accepts the call (:mod:`codegen.drift.call_sites`).
-
-A forked body's own upstream calls are regenerated with it from the new release, so they follow
-a change of their own package by construction; its calls into *another* pinned package (a
-vLLM-Ascend fork calling vLLM) stay as they are when only that package moves, and are recorded
-too, at the fork. So is the code of a fork's edits.
+"""Where AFD's hand-written code uses upstream, and how: the calls, constructions, attribute reads
+and writes, environment variables and derived classes of override and extend bodies, of fork
+edits' code (:mod:`codegen.overlay_sites`) and of the runtime (``afd_models/``). The lock records
+each as a :class:`~codegen.lock.Site` of the symbol, at its file and enclosing function
+(:class:`~codegen.lock.Place`, :mod:`codegen.places`), so drift can tell whether a new release
+still accepts it (:mod:`codegen.drift.call_sites`, :mod:`codegen.drift.values`).
 
 What is resolved, statically:
 
@@ -16,31 +12,41 @@ What is resolved, statically:
 * in a class whose base is upstream (every overlay class; a runtime class deriving from an
   imported upstream or generated class): ``self.x(...)``, ``super().x(...)``, ``self.x`` and
   ``self.x = ...``, where the class itself does not define ``x``. ``x`` may be a method, a class
-  attribute or an attribute a method running on the class sets on ``self``.
+  attribute or an attribute a method running on the class sets on ``self``;
+* a parameter annotated with an imported upstream class: ``vllm_config.x``, ``vllm_config.f()``;
+* what is done with a member read: a method called on it (``.update()``), an index (``[]``), an
+  iteration (``iter``): the site's ``operations``, judged against the attribute's type;
+* an environment variable of an upstream environment table, read through its module
+  (``envs.VLLM_X``) or through ``os.environ`` / ``os.getenv`` (written through ``os.environ``);
+* a class of the runtime derived from an imported upstream class: a ``subclass`` site, and its
+  constructions as constructions of the upstream class (its fields, less the subclass's own);
+* a class of the generated registry constructed through ``generated_subclass("AFDX", Base)``, at
+  once or through the name it is bound to in the same function: a construction of each upstream
+  base the overlay class is generated for (``Base`` when it names one), ``via`` the registry.
 
-Not checked: constructors other than an ``__init__`` or the fields of a ``@dataclass``, vLLM
-``@config`` or ``NamedTuple`` class; fork edits whose code holds ``$`` captures.
-
-Values of unknown type (a parameter ``runner: Any``) are not followed: the attributes the runtime
-reads through them are declared in ``afd_models/upstream_fields.py``.
+Not checked: fork edits whose code holds ``$`` captures; values of unknown type (``runner: Any``),
+whose attributes the runtime declares in ``afd_models/upstream_fields.py``.
 """
 
 from __future__ import annotations
 
 import ast
-import textwrap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-
-import libcst as cst
 
 from codegen.index import Member, UpstreamIndex
 from codegen.lock import Place, Site, SiteKind, SymbolUse
-from codegen.markers import Edit
-from codegen.model import GeneratedClass, MemberKind, SymbolRef
-from codegen.names import ModuleNamespace
-from codegen.places import Scopes
+from codegen.model import SymbolRef
+from codegen.places import REGISTRY_FUNCTION, Scopes
+from codegen.site_scope import PlaceOf, Scope, file_scope
+from codegen.value_sites import (
+    annotated_parameters,
+    environment_site,
+    name_of,
+    operations_on,
+    registry_call,
+    registry_variables,
+)
 
 #: the upstream package of generated classes, as runtime modules import them
 GENERATED_PACKAGE = "afd_models._generated"
@@ -66,162 +72,19 @@ class GeneratedBase:
     base: SymbolRef
     #: the members the generated class defines itself (they shadow upstream's)
     own: frozenset[str]
+    #: the overlay class it is generated from (``generated_subclass``'s first argument)
+    declared: str = ""
 
 
-@dataclass(frozen=True)
-class _Scope:
-    """What names mean in the code being scanned."""
-
-    #: local name -> the upstream symbol it is bound to
-    imported: Mapping[str, SymbolRef]
-    #: the upstream class ``self`` and ``super()`` resolve in (None: outside such a class)
-    self_class: SymbolRef | None = None
-    #: names the scanned class defines itself (its own members shadow upstream's)
-    own: frozenset[str] = frozenset()
-
-
-#: the place of a scanned node
-_PlaceOf = Callable[[ast.AST], Place]
-
-
-def _all_at(place: Place) -> _PlaceOf:
-    """Every node at ``place``: code parsed from a string (a fork edit's, a generated body) is at
-    the fork."""
-    return lambda _: place
-
-
-def overlay_sites(
-    repo_root: Path,
-    index: UpstreamIndex,
-    classes: list[GeneratedClass],
-    namespaces: Mapping[str, ModuleNamespace],
-) -> list[SiteUse]:
-    """Every site of the overlay's applicable members, and of forked bodies' calls into another
-    package."""
-    found: list[SiteUse] = []
-    parsed: dict[Path, tuple[ast.Module, Scopes]] = {}
-    for generated in classes:
-        path = generated.overlay_path
-        if path not in parsed:
-            tree = ast.parse((repo_root / path).read_text(encoding="utf-8"))
-            parsed[path] = (tree, Scopes.of(tree))
-        own = list(_overlay_class_sites(*parsed[path], index, generated))
-        found.extend(own)
-        namespace = namespaces.get(generated.module)
-        if namespace is not None:  # a fork's edit code is in both: record its sites once
-            seen = {_same_call(use) for use in own}
-            found.extend(
-                use
-                for use in _cross_package_sites(index, generated, namespace)
-                if _same_call(use) not in seen
-            )
-    return found
-
-
-def _overlay_class_sites(
-    tree: ast.Module, scopes: Scopes, index: UpstreamIndex, generated: GeneratedClass
-) -> Iterator[SiteUse]:
-    declared = generated.overlay
-    node = next(
-        (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == declared.name), None
-    )
-    if node is None:
-        return
-    imported = _imported(tree, index)
-    own = frozenset(m.decl.name for m in generated.members)
-    scope = _Scope(imported, generated.base, own)
-    key = f"{generated.module}:{generated.name}"
-    path = generated.overlay_path.as_posix()
-
-    def place(node: ast.AST) -> Place:
-        return Place(path, scopes.name(node))
-
-    for member in generated.members:
-        decl = member.decl
-        function = _function_at(node, decl.name, decl.line)
-        if function is None:
-            continue
-        user = f"{key}.{decl.name}"
-        if decl.kind in (MemberKind.OVERRIDE, MemberKind.EXTEND):
-            yield from _node_sites(_walked(function.body), scope, index, user, place)
-        elif decl.kind is MemberKind.FORK:
-            applied = {a.edit.id for a in member.anchors}
-            code = [s for edit in decl.edits if edit.id in applied for s in _edit_code(edit)]
-            yield from _node_sites(_walked(code), scope, index, user, _all_at(place(function)))
-
-
-def _same_call(use: SiteUse) -> tuple[object, ...]:
-    """What makes two sites of one member the same use, wherever each says it is."""
-    site = use.site
-    return (use.ref, use.user, site.how, site.positional, site.keywords, site.unpacked)
-
-
-def _cross_package_sites(
-    index: UpstreamIndex, generated: GeneratedClass, namespace: ModuleNamespace
-) -> Iterator[SiteUse]:
-    """The calls and reads of each generated fork body into a package other than its own, at
-    the fork (overlay classes are top-level: ``Class.member`` is its qualified name)."""
-    own_package = generated.base.module.split(".", 1)[0]
-    imported = {
-        **{name: namespace.definition(ref) for name, ref in namespace.overlay.items()},
-        **{name: ref for name, (_, ref) in namespace.added.items()},
-    }
-    scope = _Scope(imported, generated.base, frozenset(m.decl.name for m in generated.members))
-    key = f"{generated.module}:{generated.name}"
-    for member in generated.members:
-        if member.decl.kind is not MemberKind.FORK or not isinstance(member.node, cst.FunctionDef):
-            continue
-        code = textwrap.dedent(cst.Module([]).code_for_node(member.node))
-        at = Place(
-            generated.overlay_path.as_posix(), f"{generated.overlay.name}.{member.decl.name}"
-        )
-        user = f"{key}.{member.decl.name}"
-        body = _walked(ast.parse(code).body)
-        for found in _node_sites(body, scope, index, user, _all_at(at)):
-            if found.ref.module.split(".", 1)[0] != own_package:
-                yield found
-
-
-def _function_at(
-    node: ast.ClassDef, name: str, line: int
-) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The method ``name`` of ``node`` whose definition (decorators included) spans ``line``."""
-    for statement in node.body:
-        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef) and statement.name == name:
-            first = min([statement.lineno, *(d.lineno for d in statement.decorator_list)])
-            if first <= line <= statement.lineno:
-                return statement
-    return None
-
-
-def _edit_code(edit: Edit) -> list[ast.stmt]:
-    """The statements an edit adds (a ``wrap`` header gets a body to parse)."""
-    statements: list[ast.stmt] = []
-    for code in (edit.code, edit.orelse):
-        if not code:
-            continue
-        text = textwrap.dedent(code)
-        for candidate in (text, text + "\n    pass"):
-            try:
-                statements += ast.parse(candidate).body
-                break
-            except SyntaxError:
-                continue  # a wrap header needs a body; code with $captures is left out
-    return statements
-
-
-def _imported(tree: ast.Module, index: UpstreamIndex) -> dict[str, SymbolRef]:
-    """Names any ``from <upstream> import x`` of the file binds, resolved to their definition."""
-    found: dict[str, SymbolRef] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            if not index.owns(node.module):
-                continue
-            for alias in node.names:
-                ref = index.resolve(node.module, alias.name)
-                if ref is not None and index.owns(ref.module):
-                    found[alias.asname or alias.name] = ref
-    return found
+def registry_bases(
+    generated: Mapping[SymbolRef, GeneratedBase],
+) -> dict[str, tuple[SymbolRef, ...]]:
+    """Overlay class -> the upstream bases it is generated for, as ``generated_subclass`` finds
+    them."""
+    found: dict[str, list[SymbolRef]] = {}
+    for made in generated.values():
+        found.setdefault(made.declared, []).append(made.base)
+    return {name: tuple(sorted(bases, key=str)) for name, bases in found.items()}
 
 
 def runtime_sites(
@@ -232,8 +95,8 @@ def runtime_sites(
 ) -> Iterator[SiteUse]:
     """The sites of one runtime file (``path``, repository-relative); ``generated``: the
     generated classes by reference, which runtime classes may derive from."""
-    imported = _imported(tree, index)
-    bases = dict(imported)
+    scope = file_scope(tree, index, registry_bases(generated))
+    bases = dict(scope.imported)
     own_of_generated: dict[str, frozenset[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
@@ -251,19 +114,22 @@ def runtime_sites(
             scopes.append(Scopes.of(tree))
         return Place(path, scopes[0].name(node))
 
-    yield from _scoped_sites(
-        tree.body, _Scope(imported), bases, own_of_generated, index, path, place
-    )
+    for name, local in scope.local_classes.items():
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+        # a subclass site's keywords: the fields the subclass declares itself
+        site = Site(place(node), SiteKind.SUBCLASS, path, keywords=tuple(sorted(local.fields)))
+        yield SiteUse(local.base, SymbolUse.SUBCLASSED_BY_AFD, path, site)
+    yield from _scoped_sites(tree.body, scope, bases, own_of_generated, index, path, place)
 
 
 def _scoped_sites(
     statements: list[ast.stmt],
-    scope: _Scope,
+    scope: Scope,
     bases: Mapping[str, SymbolRef],
     own_of_generated: Mapping[str, frozenset[str]],
     index: UpstreamIndex,
     path: str,
-    place: _PlaceOf,
+    place: PlaceOf,
 ) -> Iterator[SiteUse]:
     """The sites of runtime code: ``self`` resolves in the class that encloses it, if that class
     derives from an upstream (or generated) class it names directly."""
@@ -275,7 +141,7 @@ def _scoped_sites(
                 nested.append(node)
             else:
                 nodes.append(node)
-    yield from _node_sites(nodes, scope, index, path, place)
+    yield from node_sites(nodes, scope, index, path, place)
     for cls in nested:
         base = next(
             (
@@ -286,7 +152,15 @@ def _scoped_sites(
             None,
         )
         own = frozenset(_defined_names(cls)) | own_of_generated.get(base or "", frozenset())
-        inner = _Scope(scope.imported, bases[base] if base else None, own)
+        inner = Scope(
+            scope.imported,
+            bases[base] if base else None,
+            own,
+            scope.os_names,
+            scope.registry_names,
+            scope.registry,
+            scope.local_classes,
+        )
         yield from _scoped_sites(cls.body, inner, bases, own_of_generated, index, path, place)
 
 
@@ -310,43 +184,9 @@ def _defined_names(cls: ast.ClassDef) -> set[str]:
     return names
 
 
-def _walked(statements: list[ast.stmt]) -> list[ast.AST]:
+def walked(statements: list[ast.stmt]) -> list[ast.AST]:
     """Every node of ``statements``, nested ones included."""
     return [node for statement in statements for node in ast.walk(statement)]
-
-
-def _node_sites(
-    nodes: list[ast.AST], scope: _Scope, index: UpstreamIndex, user: str, place: _PlaceOf
-) -> Iterator[SiteUse]:
-    """The sites among ``nodes``, each at ``place(node)``."""
-    callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
-    for node in nodes:
-        if isinstance(node, ast.Call):
-            target = _resolve(node.func, scope, index, called=True)
-            if target is None:
-                continue
-            ref, how, explicit_self = target
-            positional = sum(not isinstance(a, ast.Starred) for a in node.args)
-            site = Site(
-                place(node),
-                how,
-                user,
-                positional - explicit_self,
-                tuple(sorted(k.arg for k in node.keywords if k.arg is not None)),
-                any(isinstance(a, ast.Starred) for a in node.args)
-                or any(k.arg is None for k in node.keywords),
-            )
-            yield SiteUse(ref, SymbolUse.CALLED_BY_AFD, user, site)
-        elif isinstance(node, ast.Attribute) and id(node) not in callees:
-            target = _resolve(node, scope, index, called=False)
-            if target is None:
-                continue
-            if isinstance(node.ctx, ast.Load):
-                site = Site(place(node), SiteKind.READ, user)
-                yield SiteUse(target[0], SymbolUse.READ_BY_AFD, user, site)
-            else:  # AFD sets what upstream sets: a rename there leaves AFD's line doing nothing
-                site = Site(place(node), SiteKind.WRITE, user)
-                yield SiteUse(target[0], SymbolUse.WRITTEN_BY_AFD, user, site)
 
 
 def _shallow(statement: ast.stmt) -> Iterator[ast.AST]:
@@ -359,11 +199,135 @@ def _shallow(statement: ast.stmt) -> Iterator[ast.AST]:
             stack.extend(ast.iter_child_nodes(node))
 
 
+@dataclass(frozen=True)
+class _Context:
+    """What :func:`node_sites` learns about the nodes before it looks at each."""
+
+    #: id(child) -> its parent
+    parents: Mapping[int, ast.AST]
+    #: (function, parameter) -> the upstream class it is annotated with
+    parameters: Mapping[tuple[str, str], SymbolRef]
+    #: (function, name) -> where a ``generated_subclass`` call bound it in that function (its
+    #: line), the overlay class and the bases that call names; in source order
+    registry_variables: Mapping[tuple[str, str], tuple[tuple[int, str, tuple[SymbolRef, ...]], ...]]
+
+    def registry_variable(
+        self, function: str, call: ast.Call
+    ) -> tuple[str, tuple[SymbolRef, ...]] | None:
+        """What calling the name ``call.func`` constructs: the last binding before the call."""
+        if not isinstance(call.func, ast.Name):
+            return None
+        bound = self.registry_variables.get((function, call.func.id), ())
+        before = [(name, bases) for line, name, bases in bound if line < call.lineno]
+        return before[-1] if before else None
+
+
+def node_sites(
+    nodes: list[ast.AST], scope: Scope, index: UpstreamIndex, user: str, place: PlaceOf
+) -> Iterator[SiteUse]:
+    """The sites among ``nodes``, each at ``place(node)``."""
+    callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
+    context = _Context(
+        {id(child): parent for parent in nodes for child in ast.iter_child_nodes(parent)},
+        annotated_parameters(nodes, scope, index, place),
+        registry_variables(nodes, scope, index, place),
+    )
+    for node in nodes:
+        environment = environment_site(node, scope, index, place)
+        if environment is not None:
+            ref, site = environment
+            use = SymbolUse.READ_BY_AFD if site.how is SiteKind.READ else SymbolUse.WRITTEN_BY_AFD
+            yield SiteUse(ref, use, user, Site(site.at, site.how, user, via=site.via))
+        elif isinstance(node, ast.Call):
+            for ref, how, explicit_self, via, dropped in _callees(
+                node, scope, index, place, context
+            ):
+                yield SiteUse(
+                    ref,
+                    SymbolUse.CALLED_BY_AFD,
+                    user,
+                    _call(node, how, user, place, explicit_self, via, dropped),
+                )
+        elif isinstance(node, ast.Attribute) and id(node) not in callees:
+            target = _resolve(
+                node,
+                scope,
+                index,
+                False,
+                context.parameters.get((place(node).function, name_of(node.value))),
+            )
+            if target is None:
+                continue
+            if isinstance(node.ctx, ast.Load):
+                site = Site(
+                    place(node),
+                    SiteKind.READ,
+                    user,
+                    operations=operations_on(node, context.parents),
+                )
+                yield SiteUse(target[0], SymbolUse.READ_BY_AFD, user, site)
+            else:  # AFD sets what upstream sets: a rename there leaves AFD's line doing nothing
+                site = Site(place(node), SiteKind.WRITE, user)
+                yield SiteUse(target[0], SymbolUse.WRITTEN_BY_AFD, user, site)
+
+
+def _call(
+    node: ast.Call,
+    how: SiteKind,
+    user: str,
+    place: PlaceOf,
+    explicit_self: bool,
+    via: str,
+    dropped: frozenset[str],
+) -> Site:
+    """The site of one call: its arguments (less ``dropped`` keywords, which bind elsewhere)."""
+    positional = sum(not isinstance(a, ast.Starred) for a in node.args)
+    return Site(
+        place(node),
+        how,
+        user,
+        positional - explicit_self,
+        tuple(sorted(k.arg for k in node.keywords if k.arg is not None and k.arg not in dropped)),
+        any(isinstance(a, ast.Starred) for a in node.args)
+        or any(k.arg is None for k in node.keywords),
+        via,
+    )
+
+
+def _callees(
+    node: ast.Call, scope: Scope, index: UpstreamIndex, place: PlaceOf, context: _Context
+) -> Iterator[tuple[SymbolRef, SiteKind, bool, str, frozenset[str]]]:
+    """What one call calls or constructs upstream: (symbol, how, passes ``self`` explicitly,
+    via, keywords that bind to the subclass's own fields)."""
+    function = place(node).function
+    registry = registry_call(node.func, scope, index) or context.registry_variable(function, node)
+    if registry is not None:
+        name, bases = registry
+        for base in bases:
+            yield base, SiteKind.CONSTRUCT, False, f"{REGISTRY_FUNCTION}:{name}", frozenset()
+        return
+    if isinstance(node.func, ast.Name) and node.func.id in scope.local_classes:
+        local = scope.local_classes[node.func.id]
+        if not local.has_init:
+            yield local.base, SiteKind.CONSTRUCT, False, f"subclass:{node.func.id}", local.fields
+        return
+    annotated = context.parameters.get((function, name_of(getattr(node.func, "value", None))))
+    target = _resolve(node.func, scope, index, True, annotated)
+    if target is not None:
+        ref, how, explicit_self = target
+        yield ref, how, explicit_self, "", frozenset()
+
+
 def _resolve(
-    node: ast.expr, scope: _Scope, index: UpstreamIndex, called: bool
+    node: ast.expr,
+    scope: Scope,
+    index: UpstreamIndex,
+    called: bool,
+    annotated: SymbolRef | None = None,
 ) -> tuple[SymbolRef, SiteKind, bool] | None:
     """The upstream symbol ``node`` names, what calling (or reading) it does, and whether a call
-    passes the instance explicitly (``Class.method(obj, ...)``)."""
+    passes the instance explicitly (``Class.method(obj, ...)``). ``annotated``: the upstream
+    class the name ``node`` is an attribute of is annotated with, if any."""
     if isinstance(node, ast.Name):
         ref = scope.imported.get(node.id)
         if ref is None or not called:
@@ -378,7 +342,7 @@ def _resolve(
         return None
     if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in scope.own:
         return None  # the class's own member, not upstream's
-    owner = _owner(node.value, scope, index)
+    owner = annotated or _owner(node.value, scope, index)
     if owner is None:
         return None
     member: Member | None = index.find_member(owner, node.attr)
@@ -394,7 +358,7 @@ def _resolve(
     return member.ref, SiteKind.READ, False
 
 
-def _owner(node: ast.expr, scope: _Scope, index: UpstreamIndex) -> SymbolRef | None:
+def _owner(node: ast.expr, scope: Scope, index: UpstreamIndex) -> SymbolRef | None:
     """The upstream class whose member ``node.<attr>`` is: ``self``'s or ``super()``'s base, or
     an imported class."""
     if isinstance(node, ast.Name) and node.id == "self":

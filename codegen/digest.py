@@ -36,6 +36,7 @@ GENERATOR_MODULES = (
     "markers.py",
     "model.py",
     "names.py",
+    "overlay_sites.py",
     "overlay.py",
     "pattern.py",
     "pipeline.py",
@@ -43,7 +44,10 @@ GENERATOR_MODULES = (
     "releases.py",
     "runtime_uses.py",
     "signatures.py",
+    "site_scope.py",
     "sources.py",
+    "upstream_values.py",
+    "value_sites.py",
 )
 
 _CHECKS = "checks a generation: findings only, never generated code or the lock"
@@ -71,12 +75,15 @@ NOT_GENERATOR: Mapping[str, str] = {
     "drift/call_sites.py": _DRIFT,
     "drift/compare.py": _DRIFT,
     "drift/contracts.py": _DRIFT,
+    "drift/features.py": _DRIFT,
     "drift/forks.py": _DRIFT,
     "drift/model_registry.py": _DRIFT,
     "drift/ours.py": _DRIFT,
     "drift/renames.py": _DRIFT,
+    "drift/roles.py": _DRIFT,
     "drift/sides.py": _DRIFT,
     "drift/symbols.py": _DRIFT,
+    "drift/values.py": _DRIFT,
 }
 
 #: the runtime's modules that generator modules import: they decide what is generated too (which

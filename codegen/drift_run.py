@@ -14,7 +14,7 @@ touched.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,15 @@ from typing import Any
 from afd_models.release_order import release_key
 from codegen.drift.compare import compare
 from codegen.drift.contracts import ContractKey
+from codegen.drift.features import feature_findings, fold
 from codegen.drift.model_registry import native_architectures, registry_findings
 from codegen.drift.ours import locate_ours
 from codegen.drift.sides import Side
 from codegen.drift.symbols import OverlayMembers
-from codegen.findings import Finding
+from codegen.findings import Finding, Kind, Location, Severity
 from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
-from codegen.lock import read_lock
+from codegen.lock import Lock, read_lock
 from codegen.markers import Delta
 from codegen.model import MemberKind, OverlayClass, Signature
 from codegen.names import global_names
@@ -38,8 +39,12 @@ from codegen.pipeline import Context, generate, open_context, up_to_date
 from codegen.places import Places
 from codegen.releases import applies
 from codegen.report import as_markdown
-from codegen.sources import Pin, load_pins, locate
+from codegen.sources import Pin, load_pins, locate, paired
 
+#: the package of the generated classes, whose symbols name the upstream package after it
+GENERATED_PREFIX = "afd_models._generated."
+#: findings on the model registry, whose symbols are architectures, not modules
+REGISTRY_KINDS = frozenset({Kind.DRIFT_REGISTRY, Kind.DRIFT_PLATFORM_PICK})
 #: how reports name each pinned package
 DISPLAY_NAMES = {"vllm": "vLLM", "vllm_ascend": "vLLM-Ascend"}
 
@@ -64,6 +69,10 @@ class DriftRun:
     default_from: str
     #: why ``old_version`` is the base, for the report
     base_reason: str
+    #: the old release's lock the findings come from (None: its generation was blocked)
+    lock: Lock | None = None
+    #: the pinned packages judged against the new release (:func:`codegen.sources.paired`)
+    judged: frozenset[str] = frozenset()
 
     def header(self) -> dict[str, Any]:
         return {
@@ -117,6 +126,7 @@ def run_drift(
     old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
     lock = read_lock(repo_root / old_context.lock_path) if up_to_date(old_context) else None
     findings: list[Finding] = []
+    judged = {p for p, ok in paired(pins, new_context.versions).items() if ok}
     if (
         lock is not None
     ):  # the committed lock describes exactly this old version: no need to regenerate it
@@ -146,6 +156,14 @@ def run_drift(
             )
         )
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
+        findings = [f for f in findings if judged_finding(f, lock, judged)] + unpaired_findings(
+            repo_root,
+            pins,
+            new_context.versions,
+            [f for f in findings if not judged_finding(f, lock, judged)],
+        )
+        losses = feature_findings(lock, old, new, package, judged)
+        findings = losses + fold(findings, lock, losses)
         findings = locate_ours(findings, places, lock, old_context.lock_path, old)
     origins = {
         "from": old_context.sources[package].origin,
@@ -162,7 +180,67 @@ def run_drift(
         origins,
         default_from,
         reason,
+        lock,
+        frozenset(judged),
     )
+
+
+def judged_finding(finding: Finding, lock: Lock | None, packages: Collection[str]) -> bool:
+    """Whether ``finding`` is about a package judged against the new release: its symbol's
+    package (a generated class's, the upstream one it was generated from), or for an upstream
+    symbol that only generated classes of other packages use, theirs. A finding on vLLM's model
+    registry (an architecture AFD registers: its symbol names no module) is the drifted
+    package's own, always judged."""
+
+    def package(name: str) -> str:
+        return name.removeprefix(GENERATED_PREFIX).split(".", 1)[0]
+
+    symbol = finding.symbol.partition("#")[0]
+    if finding.kind in REGISTRY_KINDS:
+        return True
+    if package(symbol) not in packages:
+        return False
+    entry = lock.symbols.get(symbol) if lock is not None else None
+    users = entry.used_by if entry is not None else ()
+    generated = [u for u in users if u.startswith(GENERATED_PREFIX)]
+    return not users or len(generated) < len(users) or any(package(u) in packages for u in users)
+
+
+def unpaired_findings(
+    repo_root: Path, pins: Mapping[str, Pin], versions: Mapping[str, str], left_out: list[Finding]
+) -> list[Finding]:
+    """One info per pinned package not judged against ``versions`` (its ``made_for`` names
+    other releases), listing the findings ``left_out`` (those about unjudged packages)."""
+    found = []
+    pins_text = (repo_root / PINS_PATH).read_text()
+    for package, ok in paired(pins, versions).items():
+        if ok:
+            continue
+        made_for = ", ".join(
+            f"{DISPLAY_NAMES.get(p, p)} {v}" for p, v in sorted(pins[package].made_for.items())
+        )
+        against = ", ".join(
+            f"{DISPLAY_NAMES.get(p, p)} {versions[p]}" for p in sorted(pins[package].made_for)
+        )
+        found.append(
+            Finding(
+                Kind.DRIFT_UNPAIRED,
+                Severity.INFO,
+                package,
+                f"{DISPLAY_NAMES.get(package, package)} {versions[package]} is made for "
+                f"{made_for} ({PINS_PATH}); no release of it pairs with {against}, so the "
+                f"{len(left_out)} finding(s) about its classes, and the upstream code only they "
+                "use, are not judged (listed below)",
+                ours=Location(PINS_PATH.as_posix(), _line_of(pins_text, "made_for")),
+                details=tuple(f"{f.severity.value} {f.code} {f.symbol}" for f in left_out),
+            )
+        )
+    return found
+
+
+def _line_of(text: str, key: str) -> int:
+    """The first line of ``text`` that sets ``key``."""
+    return next((n for n, line in enumerate(text.splitlines(), 1) if line.startswith(key)), 0)
 
 
 def default_base(pin: Pin, to_version: str) -> tuple[str, str]:
@@ -237,5 +315,7 @@ def drift_markdown(run: DriftRun) -> str:
         "forked and inherited methods, anchors, names the overlay and runtime import, registry keys, config fields).",
         f"Generated by `{command} --to {run.new_version}` in {run.seconds:.1f} s.",
         f"Base {run.old_version}: {run.base_reason}.",
+        f"Sources: {run.old_version} from the {run.origins['from']}; {run.new_version} from the "
+        f"{run.origins['to']}.",
     ]
     return as_markdown(run.findings, f"Drift: {name} {run.old_version} -> {run.new_version}", intro)

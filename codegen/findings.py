@@ -100,6 +100,9 @@ class Kind(enum.Enum):
     DRIFT_INHERITED_BODY = "DRF021"
     DRIFT_CALLEE_SIGNATURE = "DRF022"
     DRIFT_CALL_SITE = "DRF023"
+    DRIFT_ENVIRONMENT = "DRF024"
+    DRIFT_ATTRIBUTE_TYPE = "DRF025"
+    DRIFT_FIELDS = "DRF026"
     DRIFT_ANCHOR_LOST = "DRF030"
     DRIFT_ANCHOR_COUNT = "DRF031"
     DRIFT_REBASED = "DRF032"
@@ -111,7 +114,10 @@ class Kind(enum.Enum):
     DRIFT_PLATFORM_PICK = "DRF051"
     DRIFT_CONTRACT_BROKEN = "DRF070"
     DRIFT_CONTRACT_COUNT = "DRF071"
+    DRIFT_SELECTION = "DRF072"
+    DRIFT_FEATURE_REMOVED = "DRF080"
     DRIFT_UNANALYSED = "DRF060"
+    DRIFT_UNPAIRED = "DRF061"
     # the tool itself
     INTERNAL_ERROR = "TOOL001"
 
@@ -185,6 +191,9 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.DRIFT_INHERITED_BODY: "an upstream body AFD inherits or relies on changed",
     Kind.DRIFT_CALLEE_SIGNATURE: "a name a forked body calls changed its signature",
     Kind.DRIFT_CALL_SITE: "a call in AFD's own code no longer binds to the new signature",
+    Kind.DRIFT_ENVIRONMENT: "an environment variable AFD reads or sets is gone, or parsed another way",
+    Kind.DRIFT_ATTRIBUTE_TYPE: "an attribute AFD calls methods on, indexes or iterates changed its type",
+    Kind.DRIFT_FIELDS: "a field-built class AFD derives a class from changed its fields",
     Kind.DRIFT_ANCHOR_LOST: "a fork's anchor matches nothing in the new version",
     Kind.DRIFT_ANCHOR_COUNT: "a fork's anchor matches a different number of places in the new version",
     Kind.DRIFT_REBASED: "a fork's edits apply cleanly to the new body",
@@ -196,7 +205,11 @@ _DESCRIPTIONS: dict[Kind, str] = {
     Kind.DRIFT_PLATFORM_PICK: "vLLM builds another class for an architecture AFD registers on some platform",
     Kind.DRIFT_CONTRACT_BROKEN: "the new body breaks a contract AFD relies on",
     Kind.DRIFT_CONTRACT_COUNT: "a contract still holds, but in a different number of places",
+    Kind.DRIFT_SELECTION: "a selection rule changed: vLLM may build another class for AFD's roles",
+    Kind.DRIFT_FEATURE_REMOVED: "an upstream module or class AFD stands on is gone, and with it "
+    "the AFD roles, classes and features named",
     Kind.DRIFT_UNANALYSED: "a symbol could not be analysed",
+    Kind.DRIFT_UNPAIRED: "a pinned package is not judged against a release it is not made for",
     Kind.INTERNAL_ERROR: "the tool failed",
 }
 
@@ -236,6 +249,11 @@ class Finding:
     details: tuple[str, ...] = field(default=())
     #: where in the *new* upstream version (drift only)
     target: Location | None = None
+    #: the overlay declaration behind ``ours`` when ``ours`` is the hand-written line that fails
+    #: (a runtime read the overlay states a contract on, say); None when ``ours`` is it
+    declared: Location | None = None
+    #: the symbol of the feature finding (DRF080) that explains this one: listed under it
+    folded_under: str | None = None
 
     @property
     def code(self) -> str:
@@ -253,6 +271,10 @@ class Finding:
             lines.append(f"    new:      {self.target}")
         if self.ours:
             lines.append(f"    ours:     {self.ours}")
+        if self.declared:
+            lines.append(f"    declared: {self.declared}")
+        if self.folded_under:
+            lines.append(f"    under:    {self.folded_under}")
         if self.old is not None:
             lines.append(f"    expected: {self.old}")
         if self.new is not None:
@@ -270,6 +292,8 @@ class Finding:
             "ours": str(self.ours) if self.ours else None,
             "upstream": str(self.upstream) if self.upstream else None,
             "target": str(self.target) if self.target else None,
+            "declared": str(self.declared) if self.declared else None,
+            "folded_under": self.folded_under,
             "old": self.old,
             "new": self.new,
             "details": list(self.details),

@@ -64,6 +64,10 @@ class FailedFork:
     edit: Edit
     #: why
     error: EditError | PatternError
+    #: every edit that did not apply, each with why, in order (the first is ``edit``): the
+    #: later edits are tried on the body as the ones before left it, so that a maintainer sees
+    #: every lost anchor of the fork at once
+    failures: tuple[tuple[Edit, EditError | PatternError], ...] = ()
 
 
 ForkResult = AppliedFork | FailedFork
@@ -82,11 +86,16 @@ def apply_fork(member: Member, edits: Sequence[Edit], release: Mapping[str, str]
             return FailedFork(parsed, kept, ForkStage.ANCHOR, edit, exc)
         anchors.append(AnchorMatch(edit, tuple(lines), tuple(codes)))
     steps: list[cst.FunctionDef] = []
+    failures: list[tuple[Edit, EditError | PatternError]] = []
     function = parsed.function
     for edit in kept:
         try:
             function = apply_edits(function, [edit])
         except (EditError, PatternError) as exc:
-            return FailedFork(parsed, kept, ForkStage.APPLY, edit, exc)
+            failures.append((edit, exc))
+            continue
         steps.append(function)
+    if failures:
+        edit, error = failures[0]
+        return FailedFork(parsed, kept, ForkStage.APPLY, edit, error, tuple(failures))
     return AppliedFork(parsed, kept, tuple(anchors), tuple(steps))

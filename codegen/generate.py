@@ -16,14 +16,14 @@ from typing import Any
 
 import libcst as cst
 
-from codegen.call_sites import GeneratedBase, SiteUse, overlay_sites
+from codegen.call_sites import GeneratedBase, SiteUse
 from codegen.contracts import evaluate
 from codegen.edit import EditError, RelativeImportRewriter, SuperRewriter
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.fork import FailedFork, ForkStage, apply_fork
 from codegen.index import Member, UpstreamIndex
 from codegen.lock import Lock
-from codegen.markers import Contract
+from codegen.markers import Contract, Edit
 from codegen.model import (
     ContractMatch,
     GeneratedClass,
@@ -36,6 +36,7 @@ from codegen.model import (
 )
 from codegen.names import ModuleNamespace, global_names
 from codegen.overlay import OverlayError, load_overlay, overlay_files
+from codegen.overlay_sites import overlay_sites
 from codegen.pattern import PatternError
 from codegen.releases import applicable, parse_range
 from codegen.runtime_uses import RuntimeUses, runtime_findings, runtime_uses
@@ -128,7 +129,7 @@ def build(repo_root: Path, index: UpstreamIndex) -> Generation:
     )  # one finding per problem, even with several bases
     result.sites = overlay_sites(repo_root, index, result.classes, result.namespaces)
     generated = {
-        c.ref: GeneratedBase(c.base, frozenset(m.decl.name for m in c.members))
+        c.ref: GeneratedBase(c.base, frozenset(m.decl.name for m in c.members), c.overlay.name)
         for c in result.classes
     }
     result.runtime = runtime_uses(repo_root, index, generated)
@@ -198,9 +199,11 @@ def _build_class(
     }
     contracts = {}
     for relied, all_contracts in overlay_class.relies_on.items():
-        declared_contracts = applicable(all_contracts, index.versions)
+        declared_contracts = tuple(
+            c for c in applicable(all_contracts, index.versions) if c.applies_to(str(base))
+        )
         if not declared_contracts:
-            continue  # every contract is for other releases
+            continue  # every contract is for other releases, or other bases
         symbol = f"{overlay.generated_module}:{name}.{relied}"
         if ":" in relied:  # a method outside the class's MRO
             target = index.outside_method(relied)
@@ -424,7 +427,7 @@ def _fork(
         return None
     fork = apply_fork(upstream, decl.edits, versions)
     if isinstance(fork, FailedFork):
-        findings.append(_fork_failure(fork, symbol, ours_at, upstream_at))
+        findings.extend(_fork_failures(fork, symbol, ours_at, upstream_at))
         return None
     function = fork.function
     assert isinstance(upstream.node, ast.FunctionDef | ast.AsyncFunctionDef)
@@ -450,19 +453,54 @@ def _fork(
         asynchronous=decl.node.asynchronous,
     )
     pinned_names = global_names(fork.parsed.function)
+    arguments = upstream.node.args
+    upstream_params = {
+        a.arg
+        for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+        + [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+    }
     for used in sorted(global_names(function)):
-        if used in pinned_names:
+        if used in upstream_params:  # the body upstream wrote takes a parameter ours lacks
+            findings.append(
+                Finding(
+                    Kind.UNBOUND_NAME,
+                    Severity.BLOCK,
+                    symbol,
+                    f"uses {used!r}, a parameter of {upstream.ref} that the fork's signature "
+                    f"lacks; add the parameter to the overlay's signature (with a delta for the "
+                    "releases that lack it), not an import",
+                    ours_at,
+                    upstream_at,
+                )
+            )
+        elif used in pinned_names:
             namespace.require_upstream(used, upstream.module.name, symbol, ours_at)
         else:
             namespace.require_ours(used, symbol, ours_at)
     return GeneratedMember(decl, upstream.ref, upstream.signature(), function, fork.anchors)
 
 
-def _fork_failure(
+def _fork_failures(
     fork: FailedFork, symbol: str, ours_at: Location, upstream_at: Location
+) -> list[Finding]:
+    """One finding per edit that could not be anchored or applied: every lost anchor at once."""
+    if fork.stage is ForkStage.ANCHOR or not fork.failures:
+        return [_fork_failure(fork, fork.edit, fork.error, symbol, ours_at, upstream_at)]
+    return [
+        _fork_failure(fork, edit, error, symbol, ours_at, upstream_at)
+        for edit, error in fork.failures
+    ]
+
+
+def _fork_failure(
+    fork: FailedFork,
+    edit: Edit,
+    error: EditError | PatternError,
+    symbol: str,
+    ours_at: Location,
+    upstream_at: Location,
 ) -> Finding:
     """The finding of an edit that could not be anchored or applied."""
-    error = fork.error
     if isinstance(error, EditError):
         return Finding(
             Kind.ANCHOR_LOST if error.found == 0 else Kind.ANCHOR_COUNT,
@@ -475,7 +513,7 @@ def _fork_failure(
             new=str(error.found),
         )
     # an invalid anchor names its edit; a pattern in an edit's code, the member
-    where = f"{symbol}#{fork.edit.id}" if fork.stage is ForkStage.ANCHOR else symbol
+    where = f"{symbol}#{edit.id}" if fork.stage is ForkStage.ANCHOR else symbol
     return Finding(Kind.ANCHOR_INVALID, Severity.BLOCK, where, str(error), ours_at, upstream_at)
 
 

@@ -28,6 +28,12 @@ from codegen.lock import (
 from codegen.model import GeneratedMember, MemberKind, Signature, SymbolRef
 from codegen.names import ModuleNamespace
 from codegen.runtime_uses import UPSTREAM_FIELDS_PATH
+from codegen.upstream_values import (
+    declared_type,
+    environment_variable,
+    field_signature,
+    has_environment_table,
+)
 
 
 def describe_symbol(index: UpstreamIndex, ref: SymbolRef) -> SymbolDescription:
@@ -46,19 +52,40 @@ def describe_symbol(index: UpstreamIndex, ref: SymbolRef) -> SymbolDescription:
         assigned = index.instance_attribute(SymbolRef(ref.module, owner), member)
         if assigned is not None:  # no value fingerprint: any change to the assignment is noise
             return SymbolDescription(
-                SymbolKind.INSTANCE_ATTRIBUTE, assigned.module.path.as_posix(), assigned.line
+                SymbolKind.INSTANCE_ATTRIBUTE,
+                assigned.module.path.as_posix(),
+                assigned.line,
+                type=declared_type(assigned.node),
             )
+        return SymbolDescription(SymbolKind.MISSING)
+    variable = environment_variable(index, ref)
+    if variable is not None:
+        parser = ast.dump(variable.parser, include_attributes=False)
+        return SymbolDescription(
+            SymbolKind.ENVIRONMENT_VARIABLE,
+            file,
+            variable.line,
+            value=hashlib.sha256(parser.encode()).hexdigest(),
+            type=variable.type,
+        )
+    if has_environment_table(index, ref.module) and owner not in info.assigned | set(
+        info.functions
+    ):
+        # its module's __getattr__ reads only the table's variables: not in it, no such variable
         return SymbolDescription(SymbolKind.MISSING)
     if owner in info.classes:
         init = index.find_member(ref, "__init__")
         has_init = init is not None and init.is_method
+        fields = None if has_init else field_signature(index, ref)
         return SymbolDescription(
             SymbolKind.CLASS,
             file,
             info.classes[owner].lineno,
             bases=tuple(str(b) for b in index.bases(ref)),
             init=str(init.ref) if init is not None and has_init else None,
-            init_signature=init.signature().render() if init is not None and has_init else None,
+            init_signature=init.signature().render()
+            if init is not None and has_init
+            else (fields.render() if fields is not None else None),
         )
     if owner in info.functions:
         function = info.functions[owner]
@@ -99,7 +126,11 @@ def _describe_member(member: Member) -> SymbolDescription:
             body=member.fingerprint(),
         )
     return SymbolDescription(
-        SymbolKind.CLASS_ATTRIBUTE, file, member.line, value=member.fingerprint()
+        SymbolKind.CLASS_ATTRIBUTE,
+        file,
+        member.line,
+        value=member.fingerprint(),
+        type=declared_type(member.node),
     )
 
 
@@ -208,11 +239,14 @@ def build_lock(
                         m.contract.if_broken,
                         tuple(m.lines),
                         tuple(m.matched),
+                        m.contract.selects,
                     )
                     for m in matches
                 }
                 for name, matches in sorted(generated.contracts.items())
             },
+            declared=generated.overlay.name,
+            feature=generated.overlay.feature,
         )
     for module, namespace in generation.namespaces.items():
         for name, ref in namespace.overlay.items():

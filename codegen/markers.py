@@ -118,6 +118,17 @@ class Contract:
     count: int = 1
     #: the upstream releases it is checked on, as for an edit's ``when``; None: all
     when: str | None = None
+    #: a selection rule: the choice of class vLLM makes that this contract pins, in words ("the
+    #: model runner the CPU worker builds"); a rule that changes blocks naming the AFD roles of
+    #: the classes relying on it. None: a contract on behaviour, not on a choice of class
+    selects: str | None = None
+    #: the base whose generated class states it when the class has several (its name or
+    #: ``module:Class``), as for a delta; None: all
+    base: str | None = None
+
+    def applies_to(self, base: str) -> bool:
+        """Whether the class generated for ``base`` (``module:Class``) states this contract."""
+        return self.base is None or self.base in (base, base.rsplit(":", 1)[-1])
 
 
 def replace(
@@ -178,11 +189,20 @@ def delta(
 
 
 def contract(
-    pattern: str, *, id: str, if_broken: str, count: int = 1, when: str | None = None
+    pattern: str,
+    *,
+    id: str,
+    if_broken: str,
+    count: int = 1,
+    when: str | None = None,
+    selects: str | None = None,
+    base: str | None = None,
 ) -> Contract:
     """Declare what AFD relies on in an upstream method (an argument of ``relies_on``), on the
-    releases of ``when`` (as for an edit), or on all."""
-    return Contract(pattern, id, if_broken, count, when)
+    releases of ``when`` (as for an edit), or on all; ``selects``: the contract is a selection
+    rule, pinning which class vLLM builds (named in words); ``base``: only the class generated
+    for that base states it."""
+    return Contract(pattern, id, if_broken, count, when, selects, base)
 
 
 def subclass(
@@ -191,6 +211,7 @@ def subclass(
     name: str | None = None,
     relies_on: Mapping[str, tuple[Contract, ...]] | None = None,
     when: str | None = None,
+    feature: str | None = None,
 ) -> Callable[[type[T]], type[T]]:
     """Declare a plugin-owned subclass of one or more upstream classes.
 
@@ -208,8 +229,10 @@ def subclass(
             upstream class that older releases lack; None: all. Elsewhere nothing of it is
             generated, checked or locked, and an overlay module none of whose classes applies
             generates no module.
+        feature: the AFD feature the class carries, in words ("DBO on one DP rank"), for a class
+            that is no role's worker or runner: drift names it when upstream takes its base away.
     """
-    del bases, name, relies_on, when
+    del bases, name, relies_on, when, feature
 
     def mark(cls: type[T]) -> type[T]:
         return cls

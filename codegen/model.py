@@ -212,6 +212,8 @@ class OverlayClass:
     line: int
     #: the upstream releases the class is generated for, as for a member's ``when``; None: all
     when: str | None = None
+    #: the AFD feature it carries, in words (``feature=``); None: none named
+    feature: str | None = None
 
     def generated_name(self, base: SymbolRef) -> str:
         return self.name_template.replace("{base}", base.name)

@@ -227,7 +227,7 @@ class _Reader:
         if spec is None:
             self.problem(node.lineno, f"class {node.name} lacks @subclass(...)")
             return None
-        unknown = set(spec) - {"bases", "name", "relies_on", "when"}
+        unknown = set(spec) - {"bases", "name", "relies_on", "when", "feature"}
         if unknown:
             self.problem(
                 node.lineno,
@@ -259,16 +259,35 @@ class _Reader:
         except ValueError as exc:
             self.problem(node.lineno, f"class {node.name}: {exc}")
             when = None
+        relies_on = self._relies_on(node, spec.get("relies_on"))
+        for method, contracts in relies_on.items():
+            for c in contracts:
+                if c.base is not None and not any(c.applies_to(str(b)) for b in bases):
+                    self.problem(
+                        node.lineno,
+                        f"class {node.name}: relies_on[{method!r}]: contract {c.id!r} has "
+                        f"base={c.base!r}; allowed: one of its bases "
+                        f"({', '.join(b.qualname for b in bases)})",
+                    )
+        feature = spec.get("feature")
+        if feature is not None and (not isinstance(feature, str) or not feature.strip()):
+            self.problem(
+                node.lineno,
+                f"class {node.name}: feature={feature!r}; allowed: a sentence naming the AFD "
+                "feature the class carries",
+            )
+            feature = None
         return OverlayClass(
             name=node.name,
             bases=bases,
             name_template=template,
-            relies_on=self._relies_on(node, spec.get("relies_on")),
+            relies_on=relies_on,
             members=tuple(members),
             decorators=tuple(kept),
             docstring=ast.get_docstring(node),
             line=node.lineno,
             when=when,
+            feature=feature,
         )
 
     def _relies_on(self, node: ast.ClassDef, value: Any) -> dict[str, tuple[markers.Contract, ...]]:
@@ -315,6 +334,12 @@ class _Reader:
                         parse_range(c.when)
                     except ValueError as exc:
                         self.problem(node.lineno, f"{where}: contract {c.id!r}: {exc}")
+                if c.selects is not None and not c.selects.strip():
+                    self.problem(
+                        node.lineno,
+                        f"{where}: contract {c.id!r}: selects='' names no choice; allowed: a "
+                        "sentence such as 'the model runner the CPU worker builds'",
+                    )
             result[str(method)] = contracts
         return result
 

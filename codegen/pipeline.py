@@ -406,7 +406,9 @@ def up_to_date(context: Context) -> bool:
         if not file.exists() or hashlib.sha256(file.read_bytes()).hexdigest() != sha:
             return False
     generated = {
-        SymbolRef.parse(key): GeneratedBase(SymbolRef.parse(entry.base), frozenset(entry.members))
+        SymbolRef.parse(key): GeneratedBase(
+            SymbolRef.parse(entry.base), frozenset(entry.members), entry.declared
+        )
         for key, entry in lock.classes.items()
     }
     runtime = runtime_uses(context.repo_root, UpstreamIndex(context.sources), generated)

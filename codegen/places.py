@@ -20,6 +20,9 @@ from codegen.model import SymbolRef
 
 #: the enclosing "function" of code outside any function or class
 MODULE_LEVEL = "<module>"
+#: the function that looks up a class of the generated registry: a construction through it has
+#: the ``via`` ``generated_subclass:AFDX``
+REGISTRY_FUNCTION = "generated_subclass"
 
 _Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
@@ -80,14 +83,14 @@ class Places:
         definition = scopes.definitions.get(at.function)
         if definition is None and at.function != MODULE_LEVEL:
             return Location(at.file)
-        names = _names(tree, ref)
+        names = _names(tree, ref, site)
         uses = sorted(
             (
                 n
                 for n in ast.walk(tree)
                 if isinstance(n, ast.expr)
                 and scopes.name(n) == at.function
-                and _uses(n, names, site.how)
+                and _uses(n, names, site)
             ),
             key=lambda n: (n.lineno, n.col_offset),
         )
@@ -117,16 +120,42 @@ class Places:
         return self._parsed[path]
 
 
-def _names(tree: ast.Module, ref: SymbolRef) -> set[str]:
-    """How code names ``ref``: its own name, and what ``from ... import name as alias`` binds."""
+def _names(tree: ast.Module, ref: SymbolRef, site: Site) -> set[str]:
+    """How code names ``ref``: its own name, what ``from ... import name as alias`` binds, and
+    the name a site's indirection spells (the subclass constructed, the name a
+    ``generated_subclass`` call is bound to)."""
     name = ref.qualname.rsplit(".", 1)[-1]
-    return {name} | {
+    names = {name} | {
         alias.asname
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
         if alias.name == name and alias.asname
     }
+    kind, _, spelled = site.via.partition(":")
+    if kind == "subclass":
+        names.add(spelled)
+    elif kind == REGISTRY_FUNCTION:
+        names |= {
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and _registry_lookup(node.value, spelled)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+    return names
+
+
+def _registry_lookup(node: ast.expr, declared: str) -> bool:
+    """Whether ``node`` is ``generated_subclass("<declared>", ...)``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == REGISTRY_FUNCTION
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value == declared
+    )
 
 
 def _named(node: ast.expr, names: set[str]) -> bool:
@@ -135,10 +164,20 @@ def _named(node: ast.expr, names: set[str]) -> bool:
     return isinstance(node, ast.Name) and node.id in names
 
 
-def _uses(node: ast.expr, names: set[str], how: SiteKind) -> bool:
-    """Whether ``node`` uses one of ``names`` the way ``how`` says."""
+def _uses(node: ast.expr, names: set[str], site: Site) -> bool:
+    """Whether ``node`` uses one of ``names`` the way ``site`` says."""
+    how = site.how
+    if site.via == "os.environ":  # the variable's name, spelled as a string
+        return isinstance(node, ast.Constant) and node.value in names
+    if how is SiteKind.SUBCLASS:
+        return False  # the class statement itself: its definition's line
     if how in (SiteKind.CALL, SiteKind.CONSTRUCT):
-        return isinstance(node, ast.Call) and _named(node.func, names)
+        if not isinstance(node, ast.Call):
+            return False
+        kind, _, declared = site.via.partition(":")
+        return _named(node.func, names) or (
+            kind == REGISTRY_FUNCTION and _registry_lookup(node.func, declared)
+        )
     wanted = ast.Load if how is SiteKind.READ else ast.Store
     return isinstance(node, ast.Attribute) and isinstance(node.ctx, wanted) and _named(node, names)
 

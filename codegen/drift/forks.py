@@ -33,12 +33,26 @@ from codegen.releases import applicable
 
 @dataclass
 class NewBodies:
-    """What the forks' bodies use on the new release, once their edits applied there."""
+    """What the forks' bodies use on the new release, per generated module, once their edits
+    applied there (or, for a fork whose edits do not all apply, what its new upstream body uses:
+    the edits only take code away or add AFD's own)."""
 
-    #: global names the rebased bodies read
-    names: set[str] = field(default_factory=set)
-    #: False when a fork could not be rebased with its own edits (its names are unknown)
-    complete: bool = True
+    #: generated module -> global names its rebased bodies read
+    names: dict[str, set[str]] = field(default_factory=dict)
+    #: generated modules with a fork that could not be rebased at all (its names are unknown)
+    incomplete: set[str] = field(default_factory=set)
+
+    def add(self, class_key: str, names: set[str]) -> None:
+        self.names.setdefault(class_key.partition(":")[0], set()).update(names)
+
+    def unknown(self, class_key: str) -> None:
+        self.incomplete.add(class_key.partition(":")[0])
+
+    def uses(self, module: str, name: str) -> bool | None:
+        """Whether the rebased bodies of ``module`` use ``name``; None when not known."""
+        if module in self.incomplete:
+            return None
+        return name in self.names.get(module, set())
 
 
 def fork_findings(
@@ -93,7 +107,7 @@ def fork_findings(
                     bodies,
                 )
             except Exception as exc:
-                bodies.complete = False
+                bodies.unknown(class_key)
                 yield Finding(
                     Kind.DRIFT_UNANALYSED,
                     Severity.BLOCK,
@@ -129,7 +143,7 @@ def _rebase(
         raise LookupError("the overlay no longer declares this fork; regenerate the lock first")
     target = new.index.find_member(base, name) if new.index.is_indexed_class(base) else None
     if target is None or not target.is_method:
-        bodies.complete = False
+        bodies.unknown(symbol)
         return  # reported as a removed fork target by symbol_findings
     # each release gets the edits its regeneration would apply (per-release alternatives)
     old_edits = applicable(edits, old.index.versions)
@@ -147,29 +161,15 @@ def _rebase(
             return
         if not isinstance(fork.error, EditError):
             raise fork.error  # an edit's code is no valid pattern: the fork is not analysed
-        bodies.complete = False
+        bodies.add(symbol, global_names(fork.parsed.function))
         if re_anchored(symbol, fork.edits, fork.parsed, target, renames, sites):
             return
-        exc = fork.error
-        kind = Kind.DRIFT_ANCHOR_LOST if exc.found == 0 else Kind.DRIFT_ANCHOR_COUNT
-        recorded = (member.anchors or {}).get(exc.edit.id) if exc.edit in old_edits else None
-        fix, hint = (
-            _lost(exc.edit, recorded, fork.parsed, old.version, new.version, where)
-            if kind is Kind.DRIFT_ANCHOR_LOST
-            else ("re-anchor the edit", ())
-        )
-        yield Finding(
-            kind,
-            Severity.BLOCK,
-            f"{symbol}#{exc.edit.id}",
-            f"anchor {exc.edit.anchor!r} matches {exc.found} place(s) in {new.version}, expected {exc.edit.count}; {fix}",
-            target=where,
-            old=str(exc.edit.count),
-            new=str(exc.found),
-            details=hint,
-        )
+        for edit, error in fork.failures:  # every lost anchor of the fork, not the first only
+            if not isinstance(error, EditError):
+                raise error
+            yield _anchor_finding(symbol, edit, error, member, fork, old_edits, old, new, where)
         return
-    bodies.names |= global_names(fork.function)
+    bodies.add(symbol, global_names(fork.function))
     changed_regions = []
     for anchor in fork.anchors:
         # an alternative written for the new release anchors on code the old lock never saw
@@ -234,6 +234,38 @@ def _rebase(
             target=where,
             details=(*diff, "", "generated method:", *generated),
         )
+
+
+def _anchor_finding(
+    symbol: str,
+    edit: Edit,
+    error: EditError,
+    member: MemberEntry,
+    fork: FailedFork,
+    old_edits: tuple[Edit, ...],
+    old: Side,
+    new: Side,
+    where: Location,
+) -> Finding:
+    """A lost or ambiguous anchor of one edit, with the nearest code of the new body."""
+    kind = Kind.DRIFT_ANCHOR_LOST if error.found == 0 else Kind.DRIFT_ANCHOR_COUNT
+    recorded = (member.anchors or {}).get(edit.id) if edit in old_edits else None
+    fix, hint = (
+        _lost(edit, recorded, fork.parsed, old.version, new.version, where)
+        if kind is Kind.DRIFT_ANCHOR_LOST
+        else ("re-anchor the edit", ())
+    )
+    return Finding(
+        kind,
+        Severity.BLOCK,
+        f"{symbol}#{edit.id}",
+        f"anchor {edit.anchor!r} matches {error.found} place(s) in {new.version}, expected "
+        f"{edit.count}; {fix}",
+        target=where,
+        old=str(edit.count),
+        new=str(error.found),
+        details=hint,
+    )
 
 
 def _generated_diff(

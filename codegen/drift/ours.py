@@ -23,12 +23,14 @@ from codegen.drift.contracts import relied_ref
 from codegen.drift.sides import Side
 from codegen.findings import Finding, Kind, Location
 from codegen.generate import LOCK_PATH
-from codegen.lock import Lock
+from codegen.lock import OVERRIDES, RELIED_ON, Lock, SymbolUse
 from codegen.model import MemberKind, SymbolRef
 from codegen.overlay import declared_members
 from codegen.places import Places
 from codegen.runtime_uses import UPSTREAM_FIELDS_PATH, runtime_upstream_imports
 
+#: the uses the overlay declares, beyond imports: what ``declared`` points at
+_DECLARED = RELIED_ON | OVERRIDES | {SymbolUse.FORKED, SymbolUse.BASE}
 #: where AFD registers its architectures (the ``Architecture`` rows of ``ARCHITECTURES``)
 PLUGIN_PATH = "afd_models/plugin.py"
 
@@ -36,11 +38,24 @@ PLUGIN_PATH = "afd_models/plugin.py"
 def locate_ours(
     findings: Sequence[Finding], places: Places, lock: Lock, lock_path: Path, old: Side
 ) -> list[Finding]:
-    """``findings`` with ``ours`` set where it is None. ``places``: this repository's files;
-    ``lock`` describes the ``old`` side; ``lock_path`` is its file (the primary lock when that
-    file does not exist)."""
+    """``findings`` with ``ours`` set where it is None (the hand-written line that fails, else
+    the overlay declaration) and ``declared`` to the overlay declaration beside it. ``places``:
+    this repository's files; ``lock`` describes the ``old`` side; ``lock_path`` is its file (the
+    primary lock when that file does not exist)."""
     repository = _Repository(places, lock, lock_path, old)
-    return [f if f.ours else replace(f, ours=repository.location(f)) for f in findings]
+    located = []
+    for finding in findings:
+        declared = repository.location(finding)
+        failing = finding.ours or repository.failing(finding) or declared
+        beside = (
+            declared
+            if declared != failing
+            and declared.path.startswith("overlay/")
+            and repository.declares(finding)
+            else None
+        )
+        located.append(replace(finding, ours=failing, declared=finding.declared or beside))
+    return located
 
 
 class _Repository:
@@ -64,6 +79,24 @@ class _Repository:
         else:
             found = self._generated(key, mark)
         return found or Location(self.lock_path, self._line(self.lock_path, f'"{key}": {{'))
+
+    def failing(self, finding: Finding) -> Location | None:
+        """The hand-written line that fails with the change: where AFD's code (the runtime's
+        first) calls, constructs, reads or sets the symbol; None when no recorded site uses it,
+        and for a contract (its declaration is what to change)."""
+        key, _, mark = finding.symbol.partition("#")
+        entry = self.lock.symbols.get(key)
+        if mark or entry is None or not entry.sites:
+            return None  # a contract's finding: what to change is its declaration
+        site = min(entry.sites, key=lambda s: (not s.at.file.startswith("afd_models/"), s.order()))
+        return self.places.location(site, SymbolRef.parse(key))
+
+    def declares(self, finding: Finding) -> bool:
+        """Whether the overlay states a dependence on the finding's symbol (a contract, a
+        member overriding or forking it, a base), beyond importing it."""
+        key, _, mark = finding.symbol.partition("#")
+        entry = self.lock.symbols.get(key)
+        return bool(mark) or (entry is not None and bool(entry.uses & _DECLARED))
 
     # ------------------------------------------------------------------ upstream symbols
 

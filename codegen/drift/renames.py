@@ -108,15 +108,23 @@ def _compatible_change(old: Signature, new: Signature) -> str | None:
     return f"{len(added)} new optional parameter(s): {', '.join(str(a) for a in added)}"
 
 
-def relocated(side: Side, ref: SymbolRef, old_entry: SymbolDescription) -> tuple[Kind, str] | None:
-    """Where a vanished symbol went: a same-named definition elsewhere, or a method with the same body."""
+def relocated(
+    side: Side, ref: SymbolRef, old_entry: SymbolDescription, base: Side | None = None
+) -> tuple[Kind, str] | None:
+    """Where a vanished symbol went: a same-named definition elsewhere, or a method with the same
+    body; never to something ``base`` (the release compared with) already had there: that is
+    another symbol of the same name, not where this one went."""
     owner, _, member = ref.qualname.partition(".")
     if member:
         cls = side.index.resolve(ref.module, owner)
         if cls is not None and side.index.is_indexed_class(cls):
+            existing = (
+                base.index.all_members(cls) if base and base.index.is_indexed_class(cls) else {}
+            )
             for name, candidate in side.index.all_members(cls).items():
                 if (
                     candidate.is_method
+                    and name not in existing
                     and old_entry.body
                     and candidate.fingerprint() == old_entry.body
                 ):
@@ -128,10 +136,18 @@ def relocated(side: Side, ref: SymbolRef, old_entry: SymbolDescription) -> tuple
         try:
             if pattern.search(path.read_text(encoding="utf-8")):
                 module = ".".join(path.relative_to(package.root).with_suffix("").parts)
+                if base is not None and _defines(base, module, owner):
+                    continue  # the same name was there already: not where this one went
                 return Kind.DRIFT_MOVED, f"{module}:{owner}"
         except UnicodeDecodeError:
             continue
     return None
+
+
+def _defines(side: Side, module: str, name: str) -> bool:
+    """Whether ``module`` defines ``name`` (a class or function) on ``side``."""
+    info = side.index.module(module)
+    return info is not None and (name in info.classes or name in info.functions)
 
 
 def renamed_code(code: str, renames: dict[str, Rename]) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from codegen.findings import Location
 from codegen.index import Member, UpstreamIndex
+from codegen.lock_build import describe_symbol
 from codegen.model import Signature, SymbolRef
 
 #: the most lines a body diff shows
@@ -29,12 +30,17 @@ class Side:
             return None
         owner, _, member = ref.qualname.partition(".")
         if member:
-            found = self.index.find_member(SymbolRef(ref.module, owner), member)
+            cls = SymbolRef(ref.module, owner)
+            found = self.index.find_member(cls, member) or self.index.instance_attribute(
+                cls, member
+            )
             return (
                 Location(str(found.module.path), found.line) if found else Location(str(info.path))
             )
         node = info.classes.get(owner) or info.functions.get(owner)
-        return Location(str(info.path), node.lineno if node else 0)
+        if node is None:  # an environment table's variable, or another module-level name
+            return Location(str(info.path), describe_symbol(self.index, ref).line or 0)
+        return Location(str(info.path), node.lineno)
 
     def _member(self, ref: SymbolRef) -> Member | None:
         owner, _, member = ref.qualname.partition(".")

@@ -8,9 +8,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from codegen.drift.call_sites import broken_sites, calls
-from codegen.drift.contracts import ContractKey, contract_ids
+from codegen.drift.contracts import ContractKey, contract_ids, selection_ids
 from codegen.drift.renames import Rename, relocated
 from codegen.drift.sides import Side, body_diff
+from codegen.drift.values import environment_findings, field_findings, type_findings
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import same_behaviour
 from codegen.lock import (
@@ -125,6 +126,7 @@ def symbol_findings(
     the new release, and the removal of a symbol only members limited to other releases use.
     """
     contracts = contract_ids(lock)
+    rules = selection_ids(lock)
     for key, entry in lock.symbols.items():
         ref = SymbolRef.parse(key)
         users = ", ".join(entry.used_by[:3])
@@ -134,7 +136,15 @@ def symbol_findings(
                 yield _renamed(rename, entry.uses, users, old, (sites or {}).get(key, []))
             else:
                 yield from _one_symbol(
-                    ref, entry, users, old, new, places, sorted(contracts.get(key, ())), members
+                    ref,
+                    entry,
+                    users,
+                    old,
+                    new,
+                    places,
+                    sorted(contracts.get(key, ())),
+                    members,
+                    sorted(rules.get(key, ())),
                 )
         except Exception as exc:  # one unreadable symbol is a finding, not a crash of the run
             yield Finding(
@@ -175,6 +185,7 @@ def _one_symbol(
     places: Places,
     contract_ids: list[str],
     members: OverlayMembers | None = None,
+    rules: Sequence[str] = (),
 ) -> Iterator[Finding]:
     key = str(ref)
     uses = entry.uses
@@ -182,10 +193,13 @@ def _one_symbol(
     if recorded.kind is SymbolKind.EXTERNAL:
         return
     current = describe_symbol(new.index, ref)
+    if recorded.kind is SymbolKind.ENVIRONMENT_VARIABLE:
+        yield from environment_findings(key, entry, current, old, new, places)
+        return
     before = old.location(ref)
     after = new.location(ref)
     if current.kind in (SymbolKind.MISSING, SymbolKind.EXTERNAL):
-        moved = relocated(new, ref, recorded)
+        moved = relocated(new, ref, recorded, old)
         severity = _severity_for_loss(uses)
         if (
             members is not None
@@ -253,6 +267,10 @@ def _one_symbol(
             new=current.kind.value,
         )
         return
+    if recorded.kind in (SymbolKind.INSTANCE_ATTRIBUTE, SymbolKind.CLASS_ATTRIBUTE):
+        yield from type_findings(key, entry, current, old, new, places)
+    elif recorded.kind is SymbolKind.CLASS:
+        yield from field_findings(key, entry, current, old, new, places)
     handled = members is not None and _declared_for(entry.used_by, new, ref, members)
     elsewhere = members.elsewhere if members is not None else frozenset()
     yield from _signature_changes(ref, entry, users, old, new, before, after, handled, elsewhere)
@@ -295,7 +313,14 @@ def _one_symbol(
         return
     calling = SymbolUse.OVERRIDE_CALLING_SUPER in uses
     not_calling = SymbolUse.OVERRIDE_NOT_CALLING_SUPER in uses
-    if (calling and not_calling) or SymbolUse.ATTRIBUTE_OVERRIDE in uses:
+    if rules:
+        # it decides which class AFD gets: never "the change reaches us", whatever else holds
+        severity = Severity.INFO
+        message = (
+            f"body changed; it decides which class AFD gets, by the selection rule(s) "
+            f"{', '.join(rules)}, evaluated separately (DRF072 when one no longer holds)"
+        )
+    elif (calling and not_calling) or SymbolUse.ATTRIBUTE_OVERRIDE in uses:
         severity = Severity.REVIEW
         message = "upstream changed the body our override replaces; check ours still fits"
     elif not_calling:

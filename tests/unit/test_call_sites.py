@@ -6,9 +6,10 @@ import ast
 
 import pytest
 
-from codegen.drift.call_sites import _field_default, _shifted, binding_problem
+from codegen.drift.call_sites import _shifted, binding_problem
 from codegen.lock import Place, Site, SiteKind
 from codegen.model import Signature
+from codegen.upstream_values import _field_default
 
 
 def signature(text: str) -> Signature:

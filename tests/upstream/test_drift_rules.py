@@ -3,6 +3,7 @@ that it must not hide: the harmless change is info, the real break next to it st
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -386,13 +387,15 @@ def test_vllm_choosing_model_runner_v2_by_default_blocks_until_the_overlay_absor
     check = "        if not self._is_default_v2_model_runner_model():\n            return False\n"
     contract = f"{RUNNER_CHOICE}#v1-by-default-for-afd"
     mutated = drift(upstream_copy, tmp_path, {CONFIG: once(check, "")})
-    assert alarms(mutated) == {("DRF070", "block", contract)}
-    broken = by_code(mutated, "DRF070")[contract]
+    assert alarms(mutated) == {("DRF072", "block", contract)}
+    broken = by_code(mutated, "DRF072")[contract]
     assert "vllm#53183" in broken.message and all(w in broken.message for w in WORKERS)
+    # a selection rule names the roles it decides for
+    assert "the Attention role on cpu, the Attention role on cuda" in broken.message
     for base in (None, "0.26.0"):
         findings = run_drift(REPO, "0.30.0", from_version=base).findings
-        assert {f.symbol for f in findings if f.code == "DRF070"} == {contract}
-        absorbed = by_code(findings, "DRF070")[contract]
+        assert {f.symbol for f in findings if f.code == "DRF072"} == {contract}
+        absorbed = by_code(findings, "DRF072")[contract]
         assert absorbed.severity.value == "info"
         assert "its when= limits it to other releases" in absorbed.message
         changed = by_code(findings, "DRF021")[RUNNER_CHOICE]
@@ -414,8 +417,8 @@ def test_the_cpu_platform_moving_onto_model_runner_v2_blocks(
     unchecked = "        if False:\n            logger.warning_once(\n"
     dropped = drift(upstream_copy, tmp_path / "dropped", {CONFIG: once(checked, unchecked)})
     contract = f"{RUNNER_CHOICE}#no-triton-keeps-v1"
-    assert alarms(dropped) == {("DRF070", "block", contract)}
-    assert "CPU platform" in by_code(dropped, "DRF070")[contract].message
+    assert alarms(dropped) == {("DRF072", "block", contract)}
+    assert "CPU platform" in by_code(dropped, "DRF072")[contract].message
 
 
 # --- bases: only a class AFD derives from feels its MRO -------------------------------------------
@@ -441,3 +444,89 @@ def test_new_bases_of_a_class_afd_only_constructs_are_info(
     bases = {f.symbol: f.severity.value for f in findings if f.code == "DRF041"}
     assert bases["vllm.entrypoints.llm:LLM"] == "info"
     assert bases["vllm.model_executor.models.deepseek_v2:DeepseekV2MoE"] == "review"
+
+
+# --- issue 55's noise rules, each against the real break it must not hide ----------------------
+
+UTILS = "vllm/model_executor/models/utils.py"
+FACTORY = "make_empty_intermediate_tensors_factory"
+
+
+def _without_function(text: str, name: str) -> tuple[str, str]:
+    """``text`` without the top-level function ``name``, and that function's source."""
+    [node] = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    lines = text.splitlines(keepends=True)
+    source = "".join(lines[node.lineno - 1 : node.end_lineno])
+    return "".join(lines[: node.lineno - 1] + lines[node.end_lineno :]), source
+
+
+def test_the_noise_rules_hide_no_real_break(upstream_copy: Path, tmp_path: Path) -> None:
+    """A name only old forked bodies used is info, and so is a name that moved where the forked
+    bodies' module now imports it from (vLLM 0.34's real cases: test_drift_v1_removal.py). Their
+    real breaks here block: a name a forked body still calls, renamed without that call, and a
+    name moved to a module the forked bodies' module does not import it from."""
+    moved: dict[str, str] = {}
+
+    def cut(text: str) -> str:
+        rest, moved["source"] = _without_function(text, FACTORY)
+        return rest
+
+    root = changed_tree(
+        upstream_copy,
+        tmp_path,
+        {
+            DEEPSEEK: once("\ndef _get_moe_router_dtype(\n", "\ndef _moe_router_dtype(\n"),
+            UTILS: cut,
+        },
+    )
+    (root / "vllm/model_executor/models/tensors_factory.py").write_text(moved["source"])
+    findings = run_drift(REPO, "0.26.0", to_root=root).findings
+    renamed = by_code(findings, "DRF003")[
+        "vllm.model_executor.models.deepseek_v2:_get_moe_router_dtype"
+    ]
+    assert renamed.severity.value == "block"
+    assert "no forked body uses it" not in renamed.message
+    relocated = by_code(findings, "DRF002")[f"vllm.model_executor.models.utils:{FACTORY}"]
+    assert relocated.severity.value == "block"
+    assert relocated.new == f"vllm.model_executor.models.tensors_factory:{FACTORY}"
+    assert "regeneration follows" not in relocated.message
+
+
+CPU_WORKER = "vllm/v1/worker/cpu_worker.py"
+RUNNER_LINE = (
+    '            self.model_runner = CPUModelRunner(self.vllm_config, torch.device("cpu"))\n'
+)
+
+
+def test_a_body_that_picks_the_runner_is_never_called_safe(
+    upstream_copy: Path, tmp_path: Path
+) -> None:
+    """The CPU worker's ``init_device`` decides which runner AFD's CPU workers get: a harmless
+    change there is info, saying that it decides the class and that its selection rule holds
+    (never "the change reaches us"); a new rule picking the runner blocks (DRF072), naming the
+    roles it decides for."""
+    logged = drift(
+        upstream_copy,
+        tmp_path / "logged",
+        {CPU_WORKER: once(RUNNER_LINE, RUNNER_LINE + '            logger.info("V1")\n')},
+    )
+    body = by_code(logged, "DRF020") | by_code(logged, "DRF021")
+    changed = body["vllm.v1.worker.cpu_worker:CPUWorker.init_device"]
+    assert changed.severity.value == "info" and "decides which class AFD gets" in changed.message
+    assert "reaches us" not in changed.message
+    assert not [f for f in logged if f.code == "DRF072"]
+    picked = drift(
+        upstream_copy,
+        tmp_path / "picked",
+        {
+            CPU_WORKER: once(
+                "        if self.use_v2_model_runner:\n            from",
+                "        if current_platform.picks_v2():\n            from",
+            )
+        },
+    )
+    rule = "vllm.v1.worker.cpu_worker:CPUWorker.init_device#cpu-runner-by-setting"
+    assert alarms(picked) >= {("DRF072", "block", rule)}
+    assert (
+        "the Attention role on cpu, the FFN role on cpu" in by_code(picked, "DRF072")[rule].message
+    )

@@ -15,7 +15,7 @@ from afd_models.graphs import AttentionGraphSteps, full_graph_call
 from codegen.markers import extend, override, subclass
 
 
-@subclass()
+@subclass(feature="FULL CUDA graphs of the V1 runners, their replays announced to the FFN role")
 class AFDCUDAGraphWrapper(CUDAGraphWrapper):
     """vLLM's FULL-graph wrapper, announcing each replayed step to the FFN role first."""
 

@@ -53,6 +53,7 @@ RUNS_NOTHING = delta(
 #: CUDA from vLLM 0.30, the V1 runners everywhere) and refuses it elsewhere, naming the setting
 #: (afd_models/worker_config.py); the FFN worker keeps its V1-derived runner. A change in that
 #: choice must block at the audit, not surprise an operator at start-up.
+V1_OR_V2 = "whether vLLM builds Model Runner V1 or V2"
 RUNNER_CHOICE = {
     "vllm.config.vllm:VllmConfig.use_v2_model_runner": (
         contract(
@@ -62,6 +63,7 @@ RUNNER_CHOICE = {
                 return use_v2_model_runner
             """,
             id="the-setting-decides",
+            selects=V1_OR_V2,
             if_broken="VLLM_USE_V2_MODEL_RUNNER=0, which the AFD workers' refusal names, "
             "would no longer put an engine on the V1 runner they are written for",
         ),
@@ -72,6 +74,7 @@ RUNNER_CHOICE = {
                 return False
             """,
             id="no-triton-keeps-v1",
+            selects=V1_OR_V2,
             if_broken="vLLM's CPU platform, which has no Triton, could move onto Model Runner "
             "V2, on which the AFD CPU workers do not run (upstream has Triton-free stand-ins "
             "for V2's kernels in the works)",
@@ -82,6 +85,7 @@ RUNNER_CHOICE = {
                 return False
             """,
             id="v1-by-default-for-afd",
+            selects=V1_OR_V2,
             if_broken="vLLM would pick Model Runner V2 by default for models outside its "
             "list, AFD's architectures among them (vLLM 0.29 did, vllm#53183)",
             when="vllm<0.29",
@@ -95,10 +99,69 @@ RUNNER_CHOICE = {
             return True
             """,
             id="v2-unless-unsupported",
+            selects=V1_OR_V2,
             if_broken="vLLM's default runner for AFD's architectures would follow another "
             "rule than V2 unless a feature of the engine is unsupported there",
         ),
     )
+}
+
+#: Which model runner vLLM's workers build, from that choice: the AFD workers replace the runner
+#: their base built by the AFD runner generated for its class (the Attention worker) or keep the
+#: V1 one (the FFN worker sets ``use_v2_model_runner = False`` for that). Selection rules: a new
+#: rule (a platform method choosing instead, say) blocks naming the roles it decides for.
+RUNNER_SELECTION = {
+    "vllm.v1.worker.cpu_worker:CPUWorker.init_device": (
+        contract(
+            """
+            if self.use_v2_model_runner:
+                ...
+            else:
+                ...
+                self.model_runner = CPUModelRunner(...)
+                ...
+            """,
+            id="cpu-runner-by-setting",
+            selects="the model runner vLLM's CPU worker builds",
+            if_broken="vLLM's CPU worker would build its runner by another rule than the V1/V2 "
+            "choice: the AFD CPU workers could get a runner no AFD runner is generated for, or "
+            "the FFN worker one it cannot keep on V1",
+            base="CPUWorker",
+        ),
+    ),
+    "vllm.v1.worker.gpu_worker:Worker.init_device": (
+        contract(
+            """
+            if self.use_v2_model_runner:
+                ...
+            else:
+                ...
+                self.model_runner = GPUModelRunnerV1(...)
+                ...
+            """,
+            id="cuda-runner-by-setting",
+            selects="the model runner vLLM's CUDA worker builds",
+            if_broken="vLLM's CUDA worker would build its runner by another rule than the V1/V2 "
+            "choice: the AFD CUDA workers could get a runner no AFD runner is generated for",
+            base="Worker",
+            when="vllm<0.32",
+        ),
+    ),
+    "vllm.v1.worker.gpu_worker:Worker._make_model_runner": (
+        contract(
+            """
+            if self.use_v2_model_runner:
+                ...
+                return GPUModelRunnerV2(...)
+            """,
+            id="cuda-runner-by-setting",
+            selects="the model runner vLLM's CUDA worker builds",
+            if_broken="vLLM's CUDA worker would build its runner by another rule than the V1/V2 "
+            "choice: the AFD CUDA workers could get a runner no AFD runner is generated for",
+            base="Worker",
+            when="vllm>=0.32",
+        ),
+    ),
 }
 
 #: The KV block size vLLM's CPU platform picks for AFD's CPU configurations: 128, from the config
@@ -122,7 +185,7 @@ CPU_BLOCK_SIZE = {
 @subclass(
     bases=WORKER_BASES,
     name="AFDAttention{base}",
-    relies_on={**RUNNER_CHOICE, **CPU_BLOCK_SIZE},
+    relies_on={**RUNNER_CHOICE, **RUNNER_SELECTION, **CPU_BLOCK_SIZE},
 )
 class AFDAttentionCPUWorker(CPUWorker):
     """The Attention role: vLLM's worker serving requests with the AFD Attention model."""
@@ -168,7 +231,7 @@ class AFDAttentionCPUWorker(CPUWorker):
         return self.model_runner.afd_counters()
 
 
-@subclass(bases=WORKER_BASES, name="AFDFFN{base}")
+@subclass(bases=WORKER_BASES, name="AFDFFN{base}", relies_on=RUNNER_SELECTION)
 class AFDFFNCPUWorker(CPUWorker):
     """The FFN role: holds the experts, no KV cache, serves the Attention role's steps."""
 

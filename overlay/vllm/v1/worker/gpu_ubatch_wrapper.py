@@ -26,7 +26,7 @@ from afd_models.graphs import AttentionGraphSteps, split_step  # noqa: F401 (edi
 from codegen.markers import extend, fork, override, replace, subclass, wrap
 
 
-@subclass()
+@subclass(feature="DBO on the V1 runners, one DP rank included (V1's micro-batch wrapper)")
 class AFDUBatchWrapper(UBatchWrapper):
     """vLLM's micro-batch wrapper, telling the AFD connector how each step is split."""
 

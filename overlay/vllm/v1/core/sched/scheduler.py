@@ -18,6 +18,8 @@ from codegen.markers import contract, override, subclass
 
 
 @subclass(
+    feature="failing the requests of a step the FFN role did not come back for "
+    "(peer_restart_timeout_s)",
     relies_on={
         "update_from_output": (
             contract(
@@ -35,7 +37,7 @@ from codegen.markers import contract, override, subclass
                 if_broken="the requests of a failed AFD step would not end with an error finish",
             ),
         )
-    }
+    },
 )
 class AFDScheduler(Scheduler):
     """vLLM's scheduler, failing the requests of a step the AFD Attention runner gave up on."""

@@ -32,7 +32,10 @@ from codegen.markers import extend, fork, override, subclass, wrap
 _CAPTURE_WINDOW = "with capture_window(self, desc, warmup):"
 
 
-@subclass(when="vllm>=0.30")
+@subclass(
+    when="vllm>=0.30",
+    feature="CUDA graphs of Model Runner V2, their replays announced to the FFN role",
+)
 class AFDModelCudaGraphManager(ModelCudaGraphManager):
     """Model Runner V2's graph manager, announcing each replayed step to the FFN role first."""
 

@@ -24,7 +24,7 @@ from afd_models.graphs import AttentionGraphSteps, bound_steps
 from codegen.markers import extend, fork, override, replace, subclass
 
 
-@subclass(when="vllm>=0.30")
+@subclass(when="vllm>=0.30", feature="DBO on Model Runner V2 (two or more DP ranks)")
 class AFDUBatchRunner(UBatchRunner):
     """Model Runner V2's micro-batch runner, telling the AFD connector how each step is split."""
 
