@@ -125,7 +125,7 @@ def run_audit(
         [
             f
             for f in uncovered(dry.findings, run.findings)
-            if judged_finding(f, run.lock, run.judged)
+            if judged_finding(f, run.lock, run.unjudged)
         ],
         run.lock,
         [f for f in run.findings if f.kind is Kind.DRIFT_FEATURE_REMOVED],

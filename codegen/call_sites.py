@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from codegen.index import Member, UpstreamIndex
 from codegen.lock import Place, Site, SiteKind, SymbolUse
-from codegen.model import SymbolRef
+from codegen.model import GENERATED_PACKAGE, SymbolRef
 from codegen.places import REGISTRY_FUNCTION, Scopes
 from codegen.site_scope import PlaceOf, Scope, file_scope
 from codegen.value_sites import (
@@ -47,9 +47,6 @@ from codegen.value_sites import (
     registry_call,
     registry_variables,
 )
-
-#: the upstream package of generated classes, as runtime modules import them
-GENERATED_PACKAGE = "afd_models._generated"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from codegen.generate import PINS_PATH
 from codegen.index import UpstreamIndex
 from codegen.lock import Lock, read_lock
 from codegen.markers import Delta
-from codegen.model import MemberKind, OverlayClass, Signature
+from codegen.model import GENERATED_PREFIX, MemberKind, OverlayClass, Signature, package_of
 from codegen.names import global_names
 from codegen.overlay import committed_edits, declared_members
 from codegen.pipeline import Context, generate, open_context, up_to_date
@@ -42,7 +42,6 @@ from codegen.report import as_markdown
 from codegen.sources import Pin, load_pins, locate, paired
 
 #: the package of the generated classes, whose symbols name the upstream package after it
-GENERATED_PREFIX = "afd_models._generated."
 #: findings on the model registry, whose symbols are architectures, not modules
 REGISTRY_KINDS = frozenset({Kind.DRIFT_REGISTRY, Kind.DRIFT_PLATFORM_PICK})
 #: how reports name each pinned package
@@ -73,6 +72,8 @@ class DriftRun:
     lock: Lock | None = None
     #: the pinned packages judged against the new release (:func:`codegen.sources.paired`)
     judged: frozenset[str] = frozenset()
+    #: the pinned packages not judged there (made for other releases)
+    unjudged: frozenset[str] = frozenset()
 
     def header(self) -> dict[str, Any]:
         return {
@@ -126,7 +127,9 @@ def run_drift(
     old_index, new_index = UpstreamIndex(old_context.sources), UpstreamIndex(new_context.sources)
     lock = read_lock(repo_root / old_context.lock_path) if up_to_date(old_context) else None
     findings: list[Finding] = []
-    judged = {p for p, ok in paired(pins, new_context.versions).items() if ok}
+    pairing = paired(pins, new_context.versions)
+    judged = {p for p, ok in pairing.items() if ok}
+    unjudged = set(pairing) - judged
     if (
         lock is not None
     ):  # the committed lock describes exactly this old version: no need to regenerate it
@@ -156,11 +159,11 @@ def run_drift(
             )
         )
         findings.extend(registry_findings(native_architectures(repo_root), old, new))
-        findings = [f for f in findings if judged_finding(f, lock, judged)] + unpaired_findings(
+        findings = [f for f in findings if judged_finding(f, lock, unjudged)] + unpaired_findings(
             repo_root,
             pins,
             new_context.versions,
-            [f for f in findings if not judged_finding(f, lock, judged)],
+            [f for f in findings if not judged_finding(f, lock, unjudged)],
         )
         losses = feature_findings(lock, old, new, package, judged)
         findings = losses + fold(findings, lock, losses)
@@ -182,28 +185,28 @@ def run_drift(
         reason,
         lock,
         frozenset(judged),
+        frozenset(unjudged),
     )
 
 
-def judged_finding(finding: Finding, lock: Lock | None, packages: Collection[str]) -> bool:
-    """Whether ``finding`` is about a package judged against the new release: its symbol's
-    package (a generated class's, the upstream one it was generated from), or for an upstream
-    symbol that only generated classes of other packages use, theirs. A finding on vLLM's model
-    registry (an architecture AFD registers: its symbol names no module) is the drifted
-    package's own, always judged."""
-
-    def package(name: str) -> str:
-        return name.removeprefix(GENERATED_PREFIX).split(".", 1)[0]
+def judged_finding(finding: Finding, lock: Lock | None, unjudged: Collection[str]) -> bool:
+    """Whether ``finding`` is judged against the new release: it is left out only when it is
+    about a pinned package not judged there (``unjudged``), by its symbol's package (a generated
+    class's, the upstream one it was generated from) or, for an upstream symbol that only
+    generated classes use, by theirs all being unjudged. Everything else is judged, a finding on
+    vLLM's model registry (an architecture AFD registers: its symbol names no module) among it,
+    so that no finding is dropped without being listed."""
 
     symbol = finding.symbol.partition("#")[0]
     if finding.kind in REGISTRY_KINDS:
         return True
-    if package(symbol) not in packages:
+    if package_of(symbol) in unjudged:
         return False
     entry = lock.symbols.get(symbol) if lock is not None else None
     users = entry.used_by if entry is not None else ()
     generated = [u for u in users if u.startswith(GENERATED_PREFIX)]
-    return not users or len(generated) < len(users) or any(package(u) in packages for u in users)
+    only_unjudged = bool(users) and len(generated) == len(users)
+    return not (only_unjudged and all(package_of(u) in unjudged for u in users))
 
 
 def unpaired_findings(

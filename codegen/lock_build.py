@@ -108,7 +108,10 @@ def describe_symbol(index: UpstreamIndex, ref: SymbolRef) -> SymbolDescription:
         )
         value = ast.dump(assignment, include_attributes=False) if assignment is not None else ""
         return SymbolDescription(
-            SymbolKind.ATTRIBUTE, file, value=hashlib.sha256(value.encode()).hexdigest()
+            SymbolKind.ATTRIBUTE,
+            file,
+            assignment.lineno if assignment is not None else None,
+            value=hashlib.sha256(value.encode()).hexdigest(),
         )
     if "__getattr__" in info.functions:
         return SymbolDescription(SymbolKind.LAZY_ATTRIBUTE, file)

@@ -11,6 +11,16 @@ import libcst as cst
 
 from codegen.markers import Contract, Delta, Edit
 
+#: the package the generated code is imported as, and the prefix of its lock keys
+GENERATED_PACKAGE = "afd_models._generated"
+GENERATED_PREFIX = GENERATED_PACKAGE + "."
+
+
+def package_of(key: str) -> str:
+    """The upstream package a lock key is about: ``vllm`` of ``vllm.v1.outputs:X`` and of
+    ``afd_models._generated.vllm.v1.worker.x:AFDX`` (generated from vLLM's code)."""
+    return key.removeprefix(GENERATED_PREFIX).split(".", 1)[0]
+
 
 @dataclass(frozen=True, order=True)
 class SymbolRef:
@@ -239,7 +249,7 @@ class OverlayModule:
     @property
     def generated_module(self) -> str:
         relative = self.path.relative_to("overlay").with_suffix("")
-        return "afd_models._generated." + ".".join(relative.parts)
+        return GENERATED_PREFIX + ".".join(relative.parts)
 
     @property
     def generated_path(self) -> Path:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from afd_models.generated_registry import GENERATED_ROOT
-from codegen.call_sites import GENERATED_PACKAGE, GeneratedBase, SiteUse, runtime_sites
+from codegen.call_sites import GeneratedBase, SiteUse, runtime_sites
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.index import UpstreamIndex
-from codegen.model import SymbolRef
+from codegen.model import GENERATED_PACKAGE, SymbolRef
 
 #: Hand-written runtime whose upstream uses the lock records.
 RUNTIME_ROOT = Path("afd_models")
@@ -123,14 +123,20 @@ def runtime_upstream_imports(
     return {ref: tuple(places) for ref, places in found.items()}
 
 
+#: a module that touches the process environment may read an upstream variable without
+#: importing upstream (``os.environ.get("VLLM_...")``)
+_ENVIRONMENT = re.compile(r"\b(?:environ|getenv)\b")
+
+
 def _upstream_users(repo_root: Path, index: UpstreamIndex) -> Iterator[tuple[str, ast.Module]]:
-    """Each runtime module that imports from upstream or from the generated code, parsed; the
-    others cannot use upstream (their text says so without a parse)."""
+    """Each runtime module that imports from upstream or from the generated code, or touches the
+    process environment, parsed; the others cannot use upstream (their text says so without a
+    parse)."""
     packages = "|".join(map(re.escape, sorted(index.sources)))
     imports = re.compile(rf"^\s*from\s+(?:{packages}|{re.escape(GENERATED_PACKAGE)})\b", re.M)
     for path in runtime_files(repo_root):
         text = path.read_text(encoding="utf-8")
-        if imports.search(text):
+        if imports.search(text) or _ENVIRONMENT.search(text):
             yield path.relative_to(repo_root).as_posix(), ast.parse(text)
 
 

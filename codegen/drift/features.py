@@ -28,11 +28,10 @@ from codegen.drift.sides import Side
 from codegen.findings import Finding, Kind, Location, Severity
 from codegen.lock import IMPORTS, Lock, SymbolKind, SymbolUse
 from codegen.lock_build import describe_symbol
-from codegen.model import SymbolRef
+from codegen.model import GENERATED_PREFIX, SymbolRef, package_of
 from codegen.overlay import upstream_module_of
 
 #: the package generated classes live in
-GENERATED = "afd_models._generated."
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def feature_findings(
     judged = set(judged)
     findings = []
     for loss in _losses(lock, old, new, package):
-        generated = [c for c in loss.generated if _package_of(c) in judged]
+        generated = [c for c in loss.generated if package_of(c) in judged]
         findings.append(_finding(lock, old, new, loss, generated, judged))
     return findings
 
@@ -240,7 +239,7 @@ def _finding(
             for key, entry in lock.symbols.items()
             if SymbolUse.IMPORTED_BY_RUNTIME in entry.uses and loss.holds(SymbolRef.parse(key))
             for user in entry.used_by
-            if not user.startswith(GENERATED)
+            if not user.startswith(GENERATED_PREFIX)
         }
     )
     details = [
@@ -314,7 +313,3 @@ def _explains(loss: Loss, finding: Finding, lock: Lock | None) -> bool:
             for u in users
         )
     )
-
-
-def _package_of(generated: str) -> str:
-    return generated.removeprefix(GENERATED).split(".", 1)[0]

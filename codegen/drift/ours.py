@@ -24,7 +24,7 @@ from codegen.drift.sides import Side
 from codegen.findings import Finding, Kind, Location
 from codegen.generate import LOCK_PATH
 from codegen.lock import OVERRIDES, RELIED_ON, Lock, SymbolUse
-from codegen.model import MemberKind, SymbolRef
+from codegen.model import GENERATED_PREFIX, MemberKind, SymbolRef
 from codegen.overlay import declared_members
 from codegen.places import Places
 from codegen.runtime_uses import UPSTREAM_FIELDS_PATH, runtime_upstream_imports
@@ -112,7 +112,7 @@ class _Repository:
 
     def _user(self, key: str, user: str) -> Location | None:
         """Where ``user`` (a lock ``used_by`` entry) uses ``key``."""
-        if not user.startswith("afd_models._generated."):  # a runtime file
+        if not user.startswith(GENERATED_PREFIX):  # a runtime file
             for place in self._runtime_imports.get(key, ()):
                 if place.path == user:
                     return place

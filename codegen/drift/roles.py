@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from afd_models.config import Role
 from afd_models.launch import WORKER_CLASSES, Runner, WorkerClass
+from codegen.model import package_of
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def role_losses(gone: Collection[str], judged: Iterable[str] | None = None) -> l
     packages = set(judged) if judged is not None else None
     losses = []
     for row in WORKER_CLASSES:
-        if packages is not None and _package(row.generated) not in packages:
+        if packages is not None and package_of(row.generated) not in packages:
             continue
         lost = tuple(r for r, cls in row.runners.items() if cls in gone)
         if lost or row.generated in gone:
@@ -75,8 +76,8 @@ def runners_gone(losses: Iterable[RoleLoss]) -> list[Runner]:
     """The vLLM runners that every role building one loses (among the roles judged: those of the
     packages of ``losses``' rows)."""
     losses = list(losses)
-    packages = {_package(loss.row.generated) for loss in losses}
-    rows = [row for row in WORKER_CLASSES if _package(row.generated) in packages]
+    packages = {package_of(loss.row.generated) for loss in losses}
+    rows = [row for row in WORKER_CLASSES if package_of(row.generated) in packages]
     lost = {(loss.row.generated, runner) for loss in losses for runner in loss.lost}
     return [
         runner
@@ -94,8 +95,3 @@ def roles_of(classes: Iterable[str]) -> list[str]:
         for row in WORKER_CLASSES
         if row.generated in keys or keys & set(row.runners.values())
     ]
-
-
-def _package(generated: str) -> str:
-    """``vllm`` of ``afd_models._generated.vllm.v1...:Class``."""
-    return generated.removeprefix("afd_models._generated.").split(".", 1)[0]

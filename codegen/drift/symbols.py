@@ -26,7 +26,7 @@ from codegen.lock import (
 )
 from codegen.lock_build import describe_symbol
 from codegen.markers import Delta, DifferenceKind
-from codegen.model import ParamKind, Signature, SymbolRef
+from codegen.model import GENERATED_PREFIX, ParamKind, Signature, SymbolRef, package_of
 from codegen.places import Places
 from codegen.releases import applicable
 from codegen.signatures import check_signature, differences
@@ -106,7 +106,7 @@ class OverlayMembers:
 
     def inherited_only(self, user: str) -> bool:
         """A generated class's member the overlay never declares: an inherited upstream one."""
-        return user.startswith("afd_models._generated.") and user not in self.every
+        return user.startswith(GENERATED_PREFIX) and user not in self.every
 
 
 def symbol_findings(
@@ -465,8 +465,7 @@ def _declared_for(
 def _generated_package(user: str) -> str:
     """The upstream package whose code a lock user (``afd_models._generated.<package>...``)
     was generated from; "" for a runtime file."""
-    prefix = "afd_models._generated."
-    return user.removeprefix(prefix).split(".", 1)[0] if user.startswith(prefix) else ""
+    return package_of(user) if user.startswith(GENERATED_PREFIX) else ""
 
 
 def _binds_old_calls(old: Signature, new: Signature, added: str | None) -> bool:

@@ -184,12 +184,21 @@ def environment_findings(
             new=current.type,
         )
     elif recorded.value != current.value:
+        # a value AFD sets may no longer parse (say "0" becoming an error): that needs a look;
+        # one AFD only reads keeps its type
+        writes = [s for s in sites if s.how is SiteKind.WRITE]
+        where = places.location(writes[0], ref) if writes else where
         yield Finding(
             Kind.DRIFT_ENVIRONMENT,
-            Severity.INFO,
+            Severity.REVIEW if writes else Severity.INFO,
             key,
             f"environment variable {name} is parsed another way; its type ({current.type}) "
-            f"is unchanged (AFD uses it at {where})",
+            + (
+                f"is unchanged, but AFD sets it at {where}: check that vLLM still accepts the "
+                "value AFD sets"
+                if writes
+                else f"is unchanged (AFD uses it at {where})"
+            ),
             ours=where,
             upstream=_defined_at(recorded),
             target=_defined_at(current),

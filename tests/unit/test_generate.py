@@ -134,6 +134,12 @@ def test_up_to_date_holds_for_an_upstream_file_with_crlf_line_ends(tmp_path: Pat
             "    def __init__(self, size: int, prefix: str = '') -> None: ...",
             ["ANC002"],
         ),
+        (  # every lost anchor of a fork at once, not the first only
+            "@subclass()\nclass A(Base):\n    @fork(replace('self.nothing = 1', 'pass', id='x', why='w'), "
+            "replace('self.nothing = 2', 'pass', id='y', why='w'))\n"
+            "    def __init__(self, size: int, prefix: str = '') -> None: ...",
+            ["ANC002", "ANC002"],
+        ),
         (
             "@subclass()\nclass A(Base):\n    @fork(replace('make_experts(...)', 'None', id='x', why='w'))\n"
             "    def __init__(self, size: int, prefix: str = '') -> None: ...",

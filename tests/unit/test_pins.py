@@ -201,12 +201,15 @@ def test_audit_apply_keeps_any_list_layout_valid(tmp_path: Path, layout: str) ->
         (Kind.DRIFT_REMOVED, "vllm.v1.outputs:ModelRunnerOutput", True),
         (Kind.DRIFT_BASES, "afd_models._generated.vllm_ascend.platform:AFDNPUPlatform", False),
         (Kind.DRIFT_REMOVED, "vllm_ascend.worker.model_runner_v1:NPUModelRunner", False),
+        # a symbol of no pinned package is nobody's to leave out
+        (Kind.DRIFT_REMOVED, "torch.nn:Module", True),
     ],
 )
 def test_only_findings_of_an_unpaired_package_are_left_out(
     kind: Kind, symbol: str, judged: bool
 ) -> None:
     """Against a vLLM release vLLM-Ascend is not made for, the findings about vLLM-Ascend's code
-    are left out, and nothing else: vLLM's symbols and its registry's architectures stay."""
+    are left out, and nothing else: vLLM's symbols, its registry's architectures and any symbol
+    of another package stay."""
     finding = Finding(kind, Severity.BLOCK, symbol, "changed")
-    assert judged_finding(finding, None, {"vllm"}) is judged
+    assert judged_finding(finding, None, {"vllm_ascend"}) is judged

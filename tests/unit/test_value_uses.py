@@ -204,6 +204,18 @@ def test_the_lock_records_each_kind_of_use(tmp_path: Path) -> None:
     assert '"via": "generated_subclass:A"' in text and '"operations": [' in text
 
 
+def test_an_environment_read_in_a_module_importing_no_upstream_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """A runtime module that imports nothing of vLLM can still read vLLM's variables through
+    ``os.environ``: it is analysed too."""
+    context = _repo(tmp_path)
+    launcher = 'import os\n\n\ndef flag() -> str | None:\n    return os.environ.get("VLLM_A")\n'
+    write(context.repo_root, {"afd_models/launcher.py": launcher})
+    sites = _lock(context).symbols["vllm.envs:VLLM_A"].sites
+    assert Place("afd_models/launcher.py", "flag") in {s.at for s in sites if s.via == "os.environ"}
+
+
 @pytest.mark.parametrize("use", sorted(USES))
 def test_a_comment_above_a_use_changes_no_lock_and_moves_its_line(tmp_path: Path, use: str) -> None:
     """A comment added above a recorded use: the lock is byte-identical, and the line looked up
@@ -361,6 +373,23 @@ def test_a_change_to_a_use_is_judged_at_its_line(
     assert (found.ours.path, found.ours.line) == (ours[0], _line(context, *ours)), found.verbose()
 
 
+def test_a_variable_afd_sets_parsed_another_way_is_a_review_at_the_setting(
+    tmp_path: Path,
+) -> None:
+    """vLLM parsing a variable another way keeps a reader's value valid (info, the case above),
+    but a value AFD sets may no longer parse: a review naming where AFD sets it."""
+    context = _repo(tmp_path)
+    launcher = 'import os\n\n\ndef prepare() -> None:\n    os.environ["VLLM_A"] = "0"\n'
+    write(context.repo_root, {"afd_models/launcher.py": launcher})
+    envs = (context.sources["vllm"].root / "vllm/envs.py").read_text()
+    parsed = envs.replace('"VLLM_A", "0") == "1"', '"VLLM_A", "0") in ("1", "true")')
+    found = _found(
+        _drift(context, tmp_path, {"vllm/envs.py": parsed}), "DRF024", "vllm.envs:VLLM_A"
+    )
+    assert found.severity is Severity.REVIEW, found.verbose()
+    assert "AFD sets it at afd_models/launcher.py:5" in found.message, found.verbose()
+
+
 def test_a_harmless_change_to_a_dataclass_binds_as_before(tmp_path: Path) -> None:
     """A new defaulted field: AFD's construction still binds (no DRF023), and its subclass
     declares no field of its own, so the changed fields are info."""
@@ -376,12 +405,15 @@ def test_a_deleted_module_is_one_finding_naming_the_feature(tmp_path: Path) -> N
     """The module a generated class derives from deleted: one DRF080 first, naming the class and
     its feature; the symbol findings it explains are folded under it, still listed."""
     context = _repo(tmp_path)
-    findings = _drift(context, tmp_path, {"vllm/sched.py": None})
+    envs = (context.sources["vllm"].root / "vllm/envs.py").read_text()
+    unrelated = envs.replace('    "VLLM_A": lambda: os.environ.get("VLLM_A", "0") == "1",\n', "")
+    findings = _drift(context, tmp_path, {"vllm/sched.py": None, "vllm/envs.py": unrelated})
     assert findings[0].code == "DRF080" and findings[0].symbol == "vllm.sched"
     assert "failing a lost step (AFDScheduler)" in findings[0].message
     folded = [f for f in findings if f.folded_under == "vllm.sched"]
     assert {f.symbol for f in folded} >= {"vllm.sched:Scheduler", "vllm.sched:Scheduler.update"}
-    assert all(f.folded_under is None for f in findings if f.symbol.startswith("vllm.envs"))
+    # a change the loss does not explain stays a finding of its own
+    assert _found(findings, "DRF024", "vllm.envs:VLLM_A").folded_under is None
 
 
 @pytest.mark.parametrize(
