@@ -41,7 +41,6 @@ from codegen.releases import applies
 from codegen.report import as_markdown
 from codegen.sources import Pin, load_pins, locate, paired
 
-#: the package of the generated classes, whose symbols name the upstream package after it
 #: findings on the model registry, whose symbols are architectures, not modules
 REGISTRY_KINDS = frozenset({Kind.DRIFT_REGISTRY, Kind.DRIFT_PLATFORM_PICK})
 #: how reports name each pinned package
@@ -205,8 +204,8 @@ def judged_finding(finding: Finding, lock: Lock | None, unjudged: Collection[str
     entry = lock.symbols.get(symbol) if lock is not None else None
     users = entry.used_by if entry is not None else ()
     generated = [u for u in users if u.startswith(GENERATED_PREFIX)]
-    only_unjudged = bool(users) and len(generated) == len(users)
-    return not (only_unjudged and all(package_of(u) in unjudged for u in users))
+    only_generated = bool(users) and len(generated) == len(users)
+    return not (only_generated and all(package_of(u) in unjudged for u in users))
 
 
 def unpaired_findings(

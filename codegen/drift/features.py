@@ -31,8 +31,6 @@ from codegen.lock_build import describe_symbol
 from codegen.model import GENERATED_PREFIX, SymbolRef, package_of
 from codegen.overlay import upstream_module_of
 
-#: the package generated classes live in
-
 
 @dataclass(frozen=True)
 class Loss:
