@@ -147,6 +147,13 @@ class Outcome:
         return self.mutation.expected in self.codes
 
 
+def _require_keyword(args: ast.arguments) -> bool:
+    """Add a required keyword-only parameter to a signature (the two constructor operators)."""
+    args.kwonlyargs.append(ast.arg("afd_required"))
+    args.kw_defaults.append(None)
+    return True
+
+
 def _function(source: str, line: int) -> Function:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, Function) and node.lineno == line:
@@ -587,13 +594,8 @@ class Mutator:
         else:
             key, path, node = self.rng.choice(self.unrecorded)
 
-        def require(args: ast.arguments) -> bool:
-            args.kwonlyargs.append(ast.arg("afd_required"))
-            args.kw_defaults.append(None)
-            return True
-
         expected = "DRF023" if used else None
-        return self._header("require_param", key, path, expected, node, require)
+        return self._header("require_param", key, path, expected, node, _require_keyword)
 
     def _callable(self, key: str, entry: SymbolEntry, how: SiteKind) -> tuple[str, Function] | None:
         """The file and ``def`` a site of ``how`` binds to: the function or method, or the
@@ -858,12 +860,7 @@ class Mutator:
             return None
         path, node = found
 
-        def require(args: ast.arguments) -> bool:
-            args.kwonlyargs.append(ast.arg("afd_required"))
-            args.kw_defaults.append(None)
-            return True
-
-        return self._header("registry_param", key, path, "DRF023", node, require)
+        return self._header("registry_param", key, path, "DRF023", node, _require_keyword)
 
     # --- class operators ------------------------------------------------------------
 
